@@ -1,0 +1,173 @@
+"""The ``replaybench`` command.
+
+    replaybench run [--workload NAME ...] [--batch-size N ...] [--dtype D ...] [--mode M ...]
+    replaybench report [RUN]
+    replaybench runs
+    replaybench workloads
+
+Every option is validated before anything is measured or written; a bad one ends the command with
+one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from .report import REPORTS_VARIABLE, TEMPLATES_VARIABLE, ReportError, check_writable, reports_dir, write_report
+from .results import MODES
+from .storage import URL_VARIABLE, Store, StoreError
+from .workload import DTYPES, WorkloadError, load_registry
+
+console = Console(stderr=True)
+
+
+class UsageError(Exception):
+    pass
+
+
+def _size(text: str) -> tuple[str, list]:
+    """``key=v1,v2`` -> (key, [v1, v2]) with numbers parsed."""
+    key, sep, values = text.partition("=")
+    if not sep or not key or not values:
+        raise argparse.ArgumentTypeError(f"expected KEY=V1[,V2...], got {text!r}")
+
+    def parse(v: str):
+        for kind in (int, float):
+            try:
+                return kind(v)
+            except ValueError:
+                pass
+        return v
+
+    return key, [parse(v) for v in values.split(",")]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="replaybench", description="Does CUDA Graph capture pay off for this model?")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p, report=True):
+        p.add_argument("--db", metavar="URL", help=f"SQLAlchemy database URL (env {URL_VARIABLE}; default sqlite:///replaybench.db)")
+        if report:
+            p.add_argument("--reports", metavar="DIR", help=f"report directory (env {REPORTS_VARIABLE}; default reports)")
+            p.add_argument("--templates", metavar="DIR", help=f"your own template directory (env {TEMPLATES_VARIABLE})")
+
+    run = sub.add_parser("run", help="measure workloads through the Prefect flow and write a report")
+    run.add_argument("-w", "--workload", action="append", default=[], metavar="NAME", help="repeat for several; default: all")
+    run.add_argument("-b", "--batch-size", action="append", default=[], type=int, metavar="N")
+    run.add_argument("--dtype", action="append", default=[], metavar="DTYPE", help=", ".join(DTYPES))
+    run.add_argument("--mode", action="append", default=[], metavar="MODE", help=", ".join(MODES) + " (default: eager, graph)")
+    run.add_argument("--set", action="append", default=[], type=_size, metavar="KEY=V1,V2", help="narrow another grid key")
+    run.add_argument("--full-grid", action="store_true", help="each workload's full grid, not its default grid")
+    run.add_argument("--precision", type=float, help="target relative half-width of the median's 95%% CI (default 0.01)")
+    run.add_argument("--time-budget", type=float, metavar="SECONDS", help="measuring time per mode per config (default 3)")
+    run.add_argument("--timeout", type=float, metavar="SECONDS", help="per-config limit; a hung config is killed (default 600)")
+    run.add_argument("--trigger", choices=("cli", "adhoc", "nightly"), default="cli")
+    common(run)
+
+    report = sub.add_parser("report", help="print a stored run's report (and write it to the report directory)")
+    report.add_argument("run_id", nargs="?", type=int, metavar="RUN", help="run id; default: the latest run")
+    common(report)
+
+    runs = sub.add_parser("runs", help="list stored runs")
+    runs.add_argument("--limit", type=int, default=20)
+    common(runs, report=False)
+
+    sub.add_parser("workloads", help="list the registered workloads")
+    return parser
+
+
+def _parameters(args):
+    from .params import RunParameters
+
+    fields = {
+        "workloads": args.workload,
+        "batch_sizes": args.batch_size,
+        "dtypes": args.dtype,
+        "sizes": dict(args.set),
+        "full_grid": args.full_grid,
+        "precision": args.precision,
+        "time_budget_s": args.time_budget,
+        "timeout_s": args.timeout,
+    }
+    if args.mode:
+        fields["modes"] = args.mode
+    try:
+        return RunParameters(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        raise UsageError(f"invalid {where}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+def cmd_run(args) -> int:
+    parameters = _parameters(args)
+    configs = parameters.configs(load_registry())
+    check_writable(reports_dir(args.reports))
+    Store(args.db)  # reachable and migrated, before any measuring
+    # The flow reads these settings from the environment, as it does on a worker.
+    for variable, value in ((URL_VARIABLE, args.db), (REPORTS_VARIABLE, args.reports), (TEMPLATES_VARIABLE, args.templates)):
+        if value:
+            os.environ[variable] = value
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    console.print(f"measuring {len(configs)} config(s), modes: {', '.join(parameters.modes)}")
+    from flows.benchmark import benchmark
+
+    run_id = benchmark(parameters=parameters, trigger=args.trigger)
+    run = Store(args.db).run(run_id)
+    path = reports_dir(args.reports) / f"{run_id}.md"
+    print(f"run {run_id} {run.status.replace('_', ' ')}: report {path} (also {path.parent / 'latest.md'})")
+    return 0 if run.status == "completed" else 1
+
+
+def cmd_report(args) -> int:
+    store = Store(args.db)
+    run_id = store.run(args.run_id).id
+    _, text = write_report(store, run_id, args.reports, args.templates)
+    sys.stdout.write(text)
+    return 0
+
+
+def cmd_runs(args) -> int:
+    table = Table("run", "trigger", "started (UTC)", "status", "results", "GPU", "torch")
+    for run in Store(args.db).runs(args.limit):
+        table.add_row(
+            str(run.id), run.trigger, run.started_at.strftime("%Y-%m-%d %H:%M"), run.status,
+            str(len(run.results)) if "results" in run.__dict__ else "", run.gpu_name or "none", run.torch_version or "",
+        )
+    Console().print(table)
+    return 0
+
+
+def cmd_workloads(args) -> int:
+    registry = load_registry()
+    table = Table("workload", "default configs", "full grid", "description")
+    for name in registry.names():
+        w = registry.workloads[name]
+        table.add_row(name, str(len(list(w.configs()))), str(len(list(w.configs(full=True)))), w.description)
+    Console().print(table)
+    for name, why in sorted(registry.broken.items()):
+        console.print(f"[red]could not load {name}[/red]: {why}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"run": cmd_run, "report": cmd_report, "runs": cmd_runs, "workloads": cmd_workloads}[args.command]
+    try:
+        return handler(args)
+    except (UsageError, WorkloadError, StoreError, ReportError) as exc:
+        print(f"replaybench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""Run parameters: one pydantic model shared by the CLI and the Prefect flows (where it becomes the
+run form in the Prefect UI). Bounds are enforced here, before any measuring."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .results import DEFAULT_MODES, MeasureSettings, Mode
+from .workload import DTYPES, MAX_BATCH_SIZE, BenchConfig, Registry, expand
+
+DType = Literal[DTYPES]  # type: ignore[valid-type]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
+SizeValue = Union[int, float, str]
+
+
+class RunParameters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workloads: list[str] = Field(
+        default_factory=list, description="workload names; empty means every registered workload"
+    )
+    batch_sizes: list[BatchSize] = Field(default_factory=list, description="narrow to these batch sizes")
+    dtypes: list[DType] = Field(default_factory=list, description="narrow to these dtypes")
+    sizes: dict[str, list[SizeValue]] = Field(
+        default_factory=dict, description="narrow other grid keys, e.g. {\"width\": [128]}"
+    )
+    full_grid: bool = Field(False, description="each workload's full grid instead of its default grid")
+    modes: list[Mode] = Field(default_factory=lambda: list(DEFAULT_MODES), min_length=1)
+    precision: float = Field(0.01, ge=0.001, le=0.5, description="target relative half-width of the 95% CI")
+    time_budget_s: float = Field(3.0, gt=0, le=600, description="measuring seconds per mode per config")
+    min_blocks: int = Field(10, ge=6, le=10_000)
+    timeout_s: float = Field(600, ge=1, le=24 * 3600, description="per-config limit; a hung config is killed")
+
+    def measure_settings(self) -> MeasureSettings:
+        return MeasureSettings(
+            modes=self.modes, precision=self.precision, min_blocks=self.min_blocks, time_budget_s=self.time_budget_s
+        )
+
+    def configs(self, registry: Registry) -> list[BenchConfig]:
+        narrow = {"batch_size": self.batch_sizes, "dtype": self.dtypes, **self.sizes}
+        return expand(registry, self.workloads or None, narrow, full=self.full_grid)

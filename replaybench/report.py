@@ -1,0 +1,161 @@
+"""Markdown reports: stored rows in, a Jinja2 template out. All presentation lives in the template;
+this module only groups rows and offers formatting filters.
+
+Templates are looked up first in a user's directory (``--templates`` or ``REPLAYBENCH_TEMPLATES``),
+then in the project's ``templates/``, so a user overrides ``report.md.j2`` by placing their own.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from .results import MODE_LABELS, MODES
+from .storage import Result, Run, Store
+
+TEMPLATES_VARIABLE = "REPLAYBENCH_TEMPLATES"
+REPORTS_VARIABLE = "REPLAYBENCH_REPORTS_DIR"
+BUILTIN_TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+
+
+class ReportError(RuntimeError):
+    pass
+
+
+def reports_dir(path: str | os.PathLike | None = None) -> Path:
+    return Path(path or os.environ.get(REPORTS_VARIABLE) or "reports")
+
+
+def check_writable(directory: Path) -> Path:
+    """Create the directory if needed and prove a file can be written there."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):
+            pass
+    except OSError as exc:
+        raise ReportError(f"report directory {str(directory)!r} is not writable: {exc.strerror or exc}") from None
+    return directory
+
+
+# -- filters ---------------------------------------------------------------------------------
+def md_cell(text) -> str:
+    """Text from workloads or errors, made safe for one markdown table cell: it cannot end the
+    cell, start a new row, or inject HTML."""
+    if text is None:
+        return ""
+    s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return " ".join(s.split())
+
+
+def us(seconds, digits: int = 1) -> str:
+    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
+        return "n/a"
+    return f"{seconds * 1e6:,.{digits}f}"
+
+
+def times(x, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    return f"{x:.{digits}f}x"
+
+
+def pct(x) -> str:
+    return "n/a" if x is None else f"{x:.0%}"
+
+
+def ms(seconds) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:,.2f}"
+
+
+def mib(n) -> str:
+    return "n/a" if n is None else f"{n / 2**20:,.1f}"
+
+
+def params_label(params: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+
+
+# -- view model ------------------------------------------------------------------------------
+@dataclass
+class ConfigRows:
+    params: dict
+    results: list[Result] = field(default_factory=list)
+
+    def mode(self, name: str) -> Result | None:
+        return next((r for r in self.results if r.mode == name), None)
+
+
+@dataclass
+class WorkloadSection:
+    name: str
+    configs: list[ConfigRows] = field(default_factory=list)
+
+
+def group(results: list[Result]) -> list[WorkloadSection]:
+    sections: dict[str, WorkloadSection] = {}
+    for r in sorted(results, key=lambda r: (r.workload, r.params_key, MODES.index(r.mode) if r.mode in MODES else 99)):
+        section = sections.setdefault(r.workload, WorkloadSection(r.workload))
+        if not section.configs or section.configs[-1].params != r.params:
+            section.configs.append(ConfigRows(r.params))
+        section.configs[-1].results.append(r)
+    return list(sections.values())
+
+
+def geometric_mean(values) -> float | None:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def context(run: Run) -> dict:
+    results = list(run.results)
+    speedups = [r.speedup for r in results if r.mode == "graph" and r.status == "ok"]
+    return {
+        "run": run,
+        "sections": group(results),
+        "failures": [r for r in results if r.status in ("failed", "crashed")],
+        "skipped": [r for r in results if r.status == "skipped"],
+        "flagged": [r for r in results if r.status == "ok" and r.flags],
+        "graph_speedup_geomean": geometric_mean(speedups),
+        "graph_configs": len(speedups),
+        "mode_labels": MODE_LABELS,
+        "environment": run.environment or {},
+    }
+
+
+def environment(template_dir: str | os.PathLike | None = None) -> Environment:
+    dirs = [d for d in (template_dir, os.environ.get(TEMPLATES_VARIABLE)) if d]
+    for d in dirs:
+        if not Path(d).is_dir():
+            raise ReportError(f"template directory {str(d)!r} does not exist")
+    env = Environment(
+        loader=FileSystemLoader([*map(str, dirs), str(BUILTIN_TEMPLATES)]),  # first match wins
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,  # markdown, not HTML: untrusted text goes through md_cell instead
+    )
+    env.filters.update(cell=md_cell, us=us, times=times, pct=pct, ms=ms, mib=mib, params=params_label)
+    return env
+
+
+def render(run: Run, template_dir=None, template: str = "report.md.j2") -> str:
+    return environment(template_dir).get_template(template).render(**context(run))
+
+
+def write_report(store: Store, run_id: int, directory=None, template_dir=None) -> tuple[Path, str]:
+    """Render run ``run_id`` to ``<dir>/<run id>.md`` and ``<dir>/latest.md``; returns (path, text)."""
+    directory = check_writable(reports_dir(directory))
+    text = render(store.run(run_id), template_dir)
+    path = directory / f"{run_id}.md"
+    for target in (path, directory / "latest.md"):
+        tmp = target.with_suffix(".md.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)  # readers never see a half-written report
+    return path, text

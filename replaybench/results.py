@@ -1,0 +1,120 @@
+"""Plain data that crosses process boundaries: what to measure, and what was measured.
+
+Times are seconds per iteration throughout; presentation converts units.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+Mode = Literal["eager", "graph", "compile", "compile_cudagraphs"]
+MODES: tuple[str, ...] = ("eager", "graph", "compile", "compile_cudagraphs")
+DEFAULT_MODES: tuple[str, ...] = ("eager", "graph")
+MODE_LABELS = {
+    "eager": "eager",
+    "graph": "CUDA graph replay",
+    "compile": "torch.compile()",
+    "compile_cudagraphs": 'torch.compile(mode="reduce-overhead")',
+}
+
+# ok: measured, output checked; skipped: not applicable here (reason says why);
+# failed: the workload or mode cannot be measured (deterministic, not retried);
+# crashed: the measuring process died or hung (retried once in a fresh process).
+Status = Literal["ok", "skipped", "failed", "crashed"]
+
+
+class MeasureSettings(BaseModel):
+    modes: list[Mode] = Field(default_factory=lambda: list(DEFAULT_MODES))
+    precision: float = Field(0.01, gt=0, le=0.5, description="target relative half-width of the 95% CI of the median")
+    min_blocks: int = Field(10, ge=6, le=10_000, description="fewest blocks per series (6 is the least for a 95% CI)")
+    time_budget_s: float = Field(3.0, gt=0, le=600, description="measuring time per mode for throughput")
+    block_s: float = Field(0.005, gt=0, le=1, description="target duration of one timed block")
+    warmup_iters: int = Field(20, ge=1, le=100_000)
+    seed: int = 0
+    force_cpu: bool = False
+
+    @field_validator("modes")
+    @classmethod
+    def eager_first(cls, modes: list[str]) -> list[str]:
+        """Eager is the baseline every speedup is computed against: always measured, first."""
+        return ["eager", *dict.fromkeys(m for m in modes if m != "eager")]
+
+
+class Series(BaseModel):
+    """Summary of one metric's blocks (seconds per iteration) and the blocks themselves."""
+
+    n: int
+    median: float
+    ci_low: float
+    ci_high: float
+    minimum: float
+    maximum: float
+    iqr: float
+    precision_met: bool
+    blocks: list[float]
+
+    @property
+    def rel_halfwidth(self) -> float:
+        return (self.ci_high - self.ci_low) / 2 / self.median if self.median else float("inf")
+
+
+class ModeResult(BaseModel):
+    mode: Mode
+    status: Status
+    reason: str | None = None
+    phase: str | None = None  # where it failed: build, forward, capture, check, measure
+    throughput: Series | None = None
+    latency: Series | None = None
+    gpu: Series | None = None
+    host_enqueue: Series | None = None
+    iters_per_block: int | None = None
+    kernels_per_iter: float | None = None
+    speedup: float | None = None
+    speedup_ci_low: float | None = None
+    speedup_ci_high: float | None = None
+    capture_s: float | None = None
+    first_replay_s: float | None = None
+    graph_pool_bytes: int | None = None
+    break_even_replays: float | None = None
+    compile_s: float | None = None
+    graphs_used: bool | None = None
+    max_abs_diff: float | None = None
+    flags: list[str] = Field(default_factory=list)
+
+    @property
+    def launch_overhead_s(self) -> float | None:
+        if self.throughput and self.gpu:
+            return max(self.throughput.median - self.gpu.median, 0.0)
+        return None
+
+    @property
+    def launch_bound_fraction(self) -> float | None:
+        overhead = self.launch_overhead_s
+        return overhead / self.throughput.median if overhead is not None else None
+
+    @property
+    def host_s_per_kernel(self) -> float | None:
+        if self.host_enqueue and self.kernels_per_iter:
+            return self.host_enqueue.median / self.kernels_per_iter
+        return None
+
+
+class ConfigResult(BaseModel):
+    workload: str
+    params: dict[str, Any]
+    device: str
+    modes: list[ModeResult]
+    cpu_core: int | None = None
+    host_calibration_s: float | None = None
+    load_average: list[float] | None = None
+    health_before: dict[str, Any] | None = None
+    health_after: dict[str, Any] | None = None
+    measuring_s: float | None = None
+    attempts: int = 1
+    # The measuring process cannot be trusted after this config (sticky CUDA error): restart it.
+    process_unusable: bool = False
+
+    def mode(self, name: str) -> ModeResult | None:
+        return next((m for m in self.modes if m.mode == name), None)

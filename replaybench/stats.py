@@ -1,0 +1,142 @@
+"""Statistics over block timings: the median with a distribution-free confidence interval, the
+stopping rule, and the bootstrap interval of a speedup.
+
+Every figure replaybench reports is a median over blocks (a block is many iterations timed as one),
+because block times are skewed by host noise; the interval of the median comes from order
+statistics (binomial), so it assumes nothing about the shape of that noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats as sps
+
+CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A series of per-iteration times (seconds) summarized; plain data."""
+
+    n: int
+    median: float
+    ci_low: float
+    ci_high: float
+    minimum: float
+    maximum: float
+    iqr: float
+
+    @property
+    def rel_halfwidth(self) -> float:
+        """Half the width of the median's confidence interval, relative to the median."""
+        return (self.ci_high - self.ci_low) / 2 / self.median if self.median > 0 else float("inf")
+
+    @property
+    def rel_iqr(self) -> float:
+        return self.iqr / self.median if self.median > 0 else float("inf")
+
+
+def median_ci(samples, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median from order statistics.
+
+    The number of samples below the median is Binomial(n, 1/2); the interval runs between the order
+    statistics that leave at most (1 - confidence)/2 of that distribution out on each side. With too
+    few samples for the asked confidence the interval is the whole range.
+    """
+    x = np.sort(np.asarray(samples, dtype=float))
+    n = x.size
+    if n == 0:
+        raise ValueError("no samples")
+    alpha = 1 - confidence
+    # Largest k with P(B <= k - 1) <= alpha/2: x[k-1] (1-based k) is the lower bound.
+    k = int(sps.binom.ppf(alpha / 2, n, 0.5))
+    while k > 0 and sps.binom.cdf(k - 1, n, 0.5) > alpha / 2:
+        k -= 1
+    if k < 1:
+        return float(x[0]), float(x[-1])
+    return float(x[k - 1]), float(x[n - k])
+
+
+def summarize(samples) -> Summary:
+    x = np.asarray(samples, dtype=float)
+    lo, hi = median_ci(x)
+    q1, q3 = np.percentile(x, [25, 75])
+    return Summary(
+        n=int(x.size),
+        median=float(np.median(x)),
+        ci_low=lo,
+        ci_high=hi,
+        minimum=float(x.min()),
+        maximum=float(x.max()),
+        iqr=float(q3 - q1),
+    )
+
+
+def speedup_ci(
+    baseline, candidate, confidence: float = CONFIDENCE, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Speedup = median(baseline) / median(candidate), with a percentile bootstrap interval.
+
+    The two series are resampled independently (blocks of the two modes are interleaved, not
+    paired one to one).
+    """
+    a = np.asarray(baseline, dtype=float)
+    b = np.asarray(candidate, dtype=float)
+    point = float(np.median(a) / np.median(b))
+    if a.size < 2 or b.size < 2:
+        return point, float("nan"), float("nan")
+
+    def ratio(x, y, axis):
+        return np.median(x, axis=axis) / np.median(y, axis=axis)
+
+    res = sps.bootstrap(
+        (a, b),
+        ratio,
+        n_resamples=resamples,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        paired=False,
+        rng=np.random.default_rng(seed),
+    )
+    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+@dataclass
+class StoppingRule:
+    """Repeat blocks until every series' median is known to ``precision`` (relative half-width of
+    its 95% interval), after at least ``min_blocks`` blocks each, or until ``budget_s`` is spent.
+    """
+
+    precision: float = 0.01
+    min_blocks: int = 10
+    max_blocks: int = 2000
+    budget_s: float = 3.0
+
+    def met(self, samples) -> bool:
+        if len(samples) < self.min_blocks:
+            return False
+        return summarize(samples).rel_halfwidth <= self.precision
+
+    def done(self, series: list, elapsed_s: float) -> bool:
+        if any(len(s) < self.min_blocks for s in series):
+            return False
+        if all(self.met(s) for s in series):
+            return True
+        return elapsed_s >= self.budget_s or any(len(s) >= self.max_blocks for s in series)
+
+
+def interleave(stop: StoppingRule, timers: dict, clock) -> dict[str, list[float]]:
+    """Run one block of each timer in turn (ABAB...) until ``stop`` is done.
+
+    ``timers`` maps a name to a function that runs one block and returns seconds per iteration;
+    ``clock`` returns seconds. Interleaving makes slow drift of the host hit every series alike.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in timers}
+    start = clock()
+    while not stop.done(list(samples.values()), clock() - start):
+        for name, run_block in timers.items():
+            samples[name].append(run_block())
+    return samples

@@ -1,0 +1,322 @@
+"""Results storage: SQLAlchemy 2.0 typed ORM over SQLite (default) or any SQLAlchemy URL.
+
+The schema is managed by Alembic (``replaybench/migrations``): opening a store upgrades the database
+in place. Each result is committed as soon as it is measured, so a crash loses nothing finished.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event, select
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
+
+from .results import ConfigResult, ModeResult
+from .workload import params_json
+
+URL_VARIABLE = "REPLAYBENCH_DB_URL"
+DEFAULT_URL = "sqlite:///replaybench.db"
+
+RUN_STATUSES = ("running", "completed", "completed_with_failures", "failed", "crashed")
+TRIGGERS = ("nightly", "adhoc", "cli", "shard")
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used; the message says which URL and why, in one line."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: DateTime(timezone=True)}
+
+
+class Run(Base):
+    __tablename__ = "runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    ended_at: Mapped[datetime | None]
+    trigger: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(32), default="running")
+    host: Mapped[str | None] = mapped_column(String(255))
+    pid: Mapped[int | None]
+    cpu_model: Mapped[str | None] = mapped_column(String(255))
+    gpu_name: Mapped[str | None] = mapped_column(String(255))
+    gpu_driver: Mapped[str | None] = mapped_column(String(64))
+    cuda_version: Mapped[str | None] = mapped_column(String(32))
+    torch_version: Mapped[str | None] = mapped_column(String(64))
+    python_version: Mapped[str | None] = mapped_column(String(32))
+    package_version: Mapped[str | None] = mapped_column(String(32))
+    git_commit: Mapped[str | None] = mapped_column(String(64))
+    flow_run_id: Mapped[str | None] = mapped_column(String(64))
+    environment: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    parameters: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    error: Mapped[str | None] = mapped_column(Text)
+
+    results: Mapped[list["Result"]] = relationship(back_populates="run", order_by="Result.id")
+
+    @property
+    def environment_key(self) -> tuple:
+        """What must match for two runs' figures to be comparable."""
+        return (self.gpu_name, self.gpu_driver, self.cuda_version, self.torch_version)
+
+
+class Result(Base):
+    __tablename__ = "results"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    measured_at: Mapped[datetime] = mapped_column(default=utcnow)
+    workload: Mapped[str] = mapped_column(String(128), index=True)
+    params: Mapped[dict[str, Any]]
+    params_key: Mapped[str] = mapped_column(String(512))
+    mode: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))
+    phase: Mapped[str | None] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(Text)
+    device: Mapped[str | None] = mapped_column(String(255))
+    cpu_core: Mapped[int | None]
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    # seconds per iteration: median and its 95% CI over blocks, spread, block count
+    throughput_s: Mapped[float | None]
+    throughput_ci_low: Mapped[float | None]
+    throughput_ci_high: Mapped[float | None]
+    throughput_min: Mapped[float | None]
+    throughput_max: Mapped[float | None]
+    throughput_iqr: Mapped[float | None]
+    throughput_blocks: Mapped[int | None]
+    iters_per_block: Mapped[int | None]
+    precision_met: Mapped[bool | None] = mapped_column(Boolean)
+    latency_s: Mapped[float | None]
+    latency_ci_low: Mapped[float | None]
+    latency_ci_high: Mapped[float | None]
+    gpu_s: Mapped[float | None]
+    gpu_ci_low: Mapped[float | None]
+    gpu_ci_high: Mapped[float | None]
+    host_enqueue_s: Mapped[float | None]
+    kernels_per_iter: Mapped[float | None]
+    launch_overhead_s: Mapped[float | None]
+    launch_bound_fraction: Mapped[float | None]
+    speedup: Mapped[float | None]
+    speedup_ci_low: Mapped[float | None]
+    speedup_ci_high: Mapped[float | None]
+    capture_s: Mapped[float | None]
+    first_replay_s: Mapped[float | None]
+    graph_pool_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    break_even_replays: Mapped[float | None]
+    compile_s: Mapped[float | None]
+    graphs_used: Mapped[bool | None] = mapped_column(Boolean)
+    max_abs_diff: Mapped[float | None] = mapped_column(Float)
+    host_calibration_s: Mapped[float | None]
+    flags: Mapped[list[Any]] = mapped_column(default=list)
+    health: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # raw block timings per metric, so that any statistic can be recomputed later
+    samples: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    run: Mapped[Run] = relationship(back_populates="results")
+
+    @property
+    def noisy(self) -> bool:
+        return bool(self.flags)
+
+
+def _result_row(run_id: int, config: ConfigResult, m: ModeResult) -> Result:
+    t, lat, gpu, enq = m.throughput, m.latency, m.gpu, m.host_enqueue
+    return Result(
+        run_id=run_id,
+        workload=config.workload,
+        params=config.params,
+        params_key=params_json(config.params),
+        mode=m.mode,
+        status=m.status,
+        phase=m.phase,
+        reason=m.reason,
+        device=config.device,
+        cpu_core=config.cpu_core,
+        attempts=config.attempts,
+        throughput_s=t and t.median,
+        throughput_ci_low=t and t.ci_low,
+        throughput_ci_high=t and t.ci_high,
+        throughput_min=t and t.minimum,
+        throughput_max=t and t.maximum,
+        throughput_iqr=t and t.iqr,
+        throughput_blocks=t and t.n,
+        iters_per_block=m.iters_per_block,
+        precision_met=t and t.precision_met,
+        latency_s=lat and lat.median,
+        latency_ci_low=lat and lat.ci_low,
+        latency_ci_high=lat and lat.ci_high,
+        gpu_s=gpu and gpu.median,
+        gpu_ci_low=gpu and gpu.ci_low,
+        gpu_ci_high=gpu and gpu.ci_high,
+        host_enqueue_s=enq and enq.median,
+        kernels_per_iter=m.kernels_per_iter,
+        launch_overhead_s=m.launch_overhead_s,
+        launch_bound_fraction=m.launch_bound_fraction,
+        speedup=m.speedup,
+        speedup_ci_low=m.speedup_ci_low,
+        speedup_ci_high=m.speedup_ci_high,
+        capture_s=m.capture_s,
+        first_replay_s=m.first_replay_s,
+        graph_pool_bytes=m.graph_pool_bytes,
+        break_even_replays=m.break_even_replays,
+        compile_s=m.compile_s,
+        graphs_used=m.graphs_used,
+        max_abs_diff=m.max_abs_diff,
+        host_calibration_s=config.host_calibration_s,
+        flags=list(m.flags),
+        health={
+            "before": config.health_before,
+            "after": config.health_after,
+            "load_average": config.load_average,
+            "measuring_s": config.measuring_s,
+        },
+        samples={k: s.blocks for k, s in (("throughput", t), ("latency", lat), ("gpu", gpu), ("host_enqueue", enq)) if s},
+    )
+
+
+def database_url(url: str | None = None) -> str:
+    return url or os.environ.get(URL_VARIABLE) or DEFAULT_URL
+
+
+def _sqlite_pragmas(dbapi_connection, _record) -> None:
+    # WAL lets readers and one writer work at once; the busy timeout waits out other writers.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+class Store:
+    def __init__(self, url: str | None = None, migrate: bool = True):
+        self.url = database_url(url)
+        try:
+            parsed = make_url(self.url)
+        except ArgumentError:
+            raise StoreError(f"malformed database URL {self.url!r}") from None
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            parent = Path(parsed.database).expanduser().resolve().parent
+            if not parent.is_dir():
+                raise StoreError(f"cannot open database {self.url!r}: directory {parent} does not exist")
+        try:
+            self.engine: Engine = create_engine(self.url, pool_pre_ping=True)
+        except (ArgumentError, ImportError, SQLAlchemyError) as exc:
+            raise StoreError(f"cannot use database URL {parsed.render_as_string(hide_password=True)!r}: {exc}") from None
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.session = sessionmaker(self.engine, expire_on_commit=False)
+        if migrate:
+            self.migrate()
+
+    def migrate(self) -> None:
+        from .migrate import upgrade
+
+        try:
+            upgrade(self.engine)
+        except SQLAlchemyError as exc:
+            url = make_url(self.url).render_as_string(hide_password=True)
+            first = str(exc.orig if getattr(exc, "orig", None) else exc).splitlines()[0]
+            raise StoreError(f"cannot reach database {url!r}: {first}") from None
+
+    # -- writing ------------------------------------------------------------------------------
+    def create_run(self, trigger: str, parameters: dict[str, Any], environment: dict[str, Any] | None = None) -> int:
+        if trigger not in TRIGGERS:
+            raise ValueError(f"unknown trigger {trigger!r}; one of {', '.join(TRIGGERS)}")
+        with self.session.begin() as s:
+            run = Run(trigger=trigger, parameters=parameters, host=socket.gethostname(), pid=os.getpid())
+            s.add(run)
+            if environment:
+                _apply_environment(run, environment)
+            s.flush()
+            return run.id
+
+    def set_environment(self, run_id: int, environment: dict[str, Any]) -> None:
+        with self.session.begin() as s:
+            _apply_environment(s.get(Run, run_id), environment)
+
+    def set_flow_run(self, run_id: int, flow_run_id: str | None) -> None:
+        with self.session.begin() as s:
+            s.get(Run, run_id).flow_run_id = flow_run_id
+
+    def add_result(self, run_id: int, result: ConfigResult) -> list[int]:
+        """Store every mode of one config in one transaction, committed before returning."""
+        with self.session.begin() as s:
+            rows = [_result_row(run_id, result, m) for m in result.modes]
+            s.add_all(rows)
+            s.flush()
+            return [r.id for r in rows]
+
+    def finish_run(self, run_id: int, error: str | None = None) -> str:
+        with self.session.begin() as s:
+            run = s.get(Run, run_id)
+            statuses = set(s.scalars(select(Result.status).where(Result.run_id == run_id)))
+            if error:
+                run.status, run.error = "failed", error
+            elif statuses & {"failed", "crashed"}:
+                run.status = "completed_with_failures"
+            else:
+                run.status = "completed"
+            run.ended_at = utcnow()
+            return run.status
+
+    def mark_crashed_runs(self) -> list[int]:
+        """Runs left 'running' by a process on this host that no longer exists were killed."""
+        host = socket.gethostname()
+        with self.session.begin() as s:
+            runs = s.scalars(select(Run).where(Run.status == "running", Run.host == host)).all()
+            dead = [r for r in runs if r.pid is not None and not _pid_alive(r.pid)]
+            for r in dead:
+                r.status = "crashed"
+                r.error = f"the process running it (pid {r.pid}) ended before the run finished"
+                r.ended_at = r.ended_at or utcnow()
+            return [r.id for r in dead]
+
+    # -- reading ------------------------------------------------------------------------------
+    def run(self, run_id: int | None = None) -> Run:
+        with self.session() as s:
+            query = select(Run).order_by(Run.id.desc()).limit(1) if run_id is None else select(Run).where(Run.id == run_id)
+            run = s.scalars(query).first()
+            if run is None:
+                raise StoreError("no run stored yet" if run_id is None else f"no run with id {run_id}")
+            run.results  # load while the session is open
+            return run
+
+    def runs(self, limit: int = 50) -> list[Run]:
+        with self.session() as s:
+            return list(s.scalars(select(Run).order_by(Run.id.desc()).limit(limit)))
+
+
+def _apply_environment(run: Run, env: dict[str, Any]) -> None:
+    run.environment = {**(run.environment or {}), **env}
+    for column, key in (
+        ("cpu_model", "cpu_model"),
+        ("gpu_name", "gpu_name"),
+        ("gpu_driver", "gpu_driver"),
+        ("cuda_version", "cuda"),
+        ("torch_version", "torch"),
+        ("python_version", "python"),
+        ("package_version", "package_version"),
+        ("git_commit", "git_commit"),
+    ):
+        if env.get(key) is not None:
+            setattr(run, column, str(env[key]))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

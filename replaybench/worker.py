@@ -1,0 +1,166 @@
+"""The measuring process: timing never runs in the orchestrating process.
+
+One long-lived child process per GPU imports torch and starts CUDA once, pins itself to one core,
+and measures configs sent to it over a pipe. The parent enforces a per-config timeout (a hung
+kernel cannot be interrupted from Python, so the child is killed), replaces the child after a
+crash or a sticky CUDA error, and retries a crashed measurement once in a fresh process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import time
+from typing import Any
+
+from .results import ConfigResult, MeasureSettings, ModeResult
+from .workload import BenchConfig
+
+DEFAULT_TIMEOUT_S = 600.0
+STARTUP_TIMEOUT_S = 300.0
+
+
+def _serve(conn, core: int | None, extra_paths: list[str]) -> None:
+    """Child process main loop."""
+    from . import health
+
+    pinned = health.pin_to_core(core)
+    import torch
+
+    if pinned is not None:
+        torch.set_num_threads(1)  # one core: more threads only contend for it
+    from .engine import measure
+    from .workload import load_registry
+
+    registry = load_registry(extra_paths)
+    facts = health.torch_facts()
+    facts["cpu_core"] = pinned
+    facts["workloads_broken"] = registry.broken
+    conn.send(("ready", facts))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        config, settings = message
+        result = measure(config, settings, registry)
+        conn.send(("result", result))
+        if result.process_unusable:
+            return  # a fresh process is the only way back to a usable CUDA context
+
+
+def _signal_name(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "unknown"
+    if exitcode < 0:
+        try:
+            return signal.Signals(-exitcode).name
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+class MeasuringProcess:
+    """Parent-side handle; use as a context manager."""
+
+    def __init__(
+        self,
+        core: int | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        extra_workload_paths: list[str] | None = None,
+    ):
+        self.core = core
+        self.timeout_s = timeout_s
+        self.extra_paths = [str(p) for p in extra_workload_paths or []]
+        self.process = None
+        self.conn = None
+        self.environment: dict[str, Any] = {}
+        self.starts = 0
+
+    def __enter__(self) -> "MeasuringProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def start(self) -> dict[str, Any]:
+        ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_serve, args=(child, self.core, self.extra_paths), name="replaybench-measure", daemon=True
+        )
+        self.process.start()
+        child.close()
+        self.starts += 1
+        if not self.conn.poll(STARTUP_TIMEOUT_S):
+            self.kill()
+            raise RuntimeError(f"the measuring process did not start within {STARTUP_TIMEOUT_S:.0f} s")
+        try:
+            _, self.environment = self.conn.recv()
+        except EOFError:
+            self.process.join(5)
+            code = self.process.exitcode
+            raise RuntimeError(f"the measuring process died while starting ({_signal_name(code)})") from None
+        return self.environment
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.is_alive():
+            self.process.kill()
+            self.process.join(10)
+        if self.conn is not None:
+            self.conn.close()
+        self.process = self.conn = None
+
+    def close(self) -> None:
+        if self.alive:
+            try:
+                self.conn.send(None)
+                self.process.join(10)
+            except (OSError, BrokenPipeError):
+                pass
+        self.kill()
+
+    def measure(self, config: BenchConfig, settings: MeasureSettings, timeout_s: float | None = None) -> ConfigResult:
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        reason = ""
+        for attempt in (1, 2):
+            if not self.alive:
+                self.start()
+            started = time.monotonic()
+            self.conn.send((config, settings))
+            if not self.conn.poll(timeout_s):
+                self.kill()
+                return crashed(
+                    config, settings, f"timed out: no result within {timeout_s:g} s; the measuring process was killed", attempt
+                )
+            try:
+                _, result = self.conn.recv()
+            except (EOFError, ConnectionResetError, OSError):
+                self.process.join(10)
+                code = self.process.exitcode
+                self.kill()
+                reason = f"the measuring process died ({_signal_name(code)}) after {time.monotonic() - started:.1f} s"
+                continue  # a crash is retried once in a fresh process
+            result.attempts = attempt
+            if result.process_unusable:
+                self.process.join(30)
+                self.kill()
+            return result
+        return crashed(config, settings, reason + "; retried once in a fresh process, which died too", 2)
+
+
+def crashed(config: BenchConfig, settings: MeasureSettings, reason: str, attempts: int) -> ConfigResult:
+    return ConfigResult(
+        workload=config.workload,
+        params=config.params,
+        device="unknown",
+        modes=[ModeResult(mode=m, status="crashed", phase="process", reason=reason) for m in settings.modes],
+        attempts=attempts,
+    )

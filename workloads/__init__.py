@@ -1,0 +1,1 @@
+"""Built-in workloads: one module per workload, each defining ``WORKLOAD``."""
