@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -110,7 +109,7 @@ def _parameters(args):
 def cmd_run(args) -> int:
     parameters = _parameters(args)
     configs = parameters.configs(load_registry())
-    check_writable(reports_dir(args.reports))
+    check_writable(reports_dir(args.reports), create=False)
     Store(args.db)  # reachable and migrated, before any measuring
     # The flow reads these settings from the environment, as it does on a worker.
     for variable, value in ((URL_VARIABLE, args.db), (REPORTS_VARIABLE, args.reports), (TEMPLATES_VARIABLE, args.templates)):

@@ -329,7 +329,7 @@ class Measurement:
         result.process_unusable = self.lost_context is not None
         result.health_after = health.gpu_health() if self.cuda else None
         result.modes = [self.results[m] for m in s.modes]
-        self.derive(result)
+        derive(result)
         return result
 
     def measure_modes(self) -> None:
@@ -393,26 +393,28 @@ class Measurement:
             else:
                 r.flags.append("GPU time not measured: the stream hold never outlasted the enqueue")
 
-    def derive(self, result: ConfigResult) -> None:
-        eager = result.mode("eager")
-        for r in result.modes:
-            if r.status != "ok" or r.throughput is None:
-                continue
-            if not r.throughput.precision_met:
-                r.flags.append(
-                    f"precision target not met: median +/- {r.throughput.rel_halfwidth:.1%} after {r.throughput.n} blocks"
-                )
-            if r.throughput.iqr / r.throughput.median > 0.10:
-                r.flags.append(f"high spread: IQR {r.throughput.iqr / r.throughput.median:.0%} of the median")
-            for when, h in (("before", result.health_before), ("after", result.health_after)):
-                if h and h.get("throttled"):
-                    r.flags.append(f"GPU throttled {when} measuring: {', '.join(h.get('throttle_reasons', []))}")
-            if r.mode == "eager" or not (eager and eager.status == "ok" and eager.throughput):
-                continue
-            r.speedup, r.speedup_ci_low, r.speedup_ci_high = speedup_ci(eager.throughput.blocks, r.throughput.blocks)
-            if r.mode == "graph" and r.capture_s is not None:
-                saved = eager.throughput.median - r.throughput.median
-                r.break_even_replays = (r.capture_s + r.first_replay_s) / saved if saved > 0 else None
+
+def derive(result: ConfigResult) -> None:
+    """Flags, speedups and break-even points, from the measured series of each mode."""
+    eager = result.mode("eager")
+    for r in result.modes:
+        if r.status != "ok" or r.throughput is None:
+            continue
+        if not r.throughput.precision_met:
+            r.flags.append(
+                f"precision target not met: median +/- {r.throughput.rel_halfwidth:.1%} after {r.throughput.n} blocks"
+            )
+        if r.throughput.iqr / r.throughput.median > 0.10:
+            r.flags.append(f"high spread: IQR {r.throughput.iqr / r.throughput.median:.0%} of the median")
+        for when, h in (("before", result.health_before), ("after", result.health_after)):
+            if h and h.get("throttled"):
+                r.flags.append(f"GPU throttled {when} measuring: {', '.join(h.get('throttle_reasons', []))}")
+        if r.mode == "eager" or not (eager and eager.status == "ok" and eager.throughput):
+            continue
+        r.speedup, r.speedup_ci_low, r.speedup_ci_high = speedup_ci(eager.throughput.blocks, r.throughput.blocks)
+        if r.mode == "graph" and r.capture_s is not None:
+            saved = eager.throughput.median - r.throughput.median
+            r.break_even_replays = (r.capture_s + r.first_replay_s) / saved if saved > 0 else None
 
 
 def _series(blocks: list[float], s: MeasureSettings) -> Series:

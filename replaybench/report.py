@@ -31,8 +31,16 @@ def reports_dir(path: str | os.PathLike | None = None) -> Path:
     return Path(path or os.environ.get(REPORTS_VARIABLE) or "reports")
 
 
-def check_writable(directory: Path) -> Path:
-    """Create the directory if needed and prove a file can be written there."""
+def check_writable(directory: Path, create: bool = True) -> Path:
+    """Prove a report can be written in ``directory``. With ``create`` false nothing is made on
+    disk: the nearest existing ancestor must be a writable directory."""
+    if not create:
+        existing = directory.absolute()
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise ReportError(f"report directory {str(directory)!r} is not writable: {existing} is not a writable directory")
+        return directory
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".probe-"):

@@ -1,0 +1,27 @@
+"""Results with known figures, for storage and report tests."""
+
+from replaybench.results import ConfigResult, ModeResult, Series
+from replaybench.stats import summarize
+
+
+def series(blocks, met=True):
+    return Series(**summarize(blocks).__dict__, precision_met=met, blocks=list(blocks))
+
+
+def known_result(workload="seed_mlp", eager_us=45.0, graph_us=6.5, reason=None):
+    eager = [eager_us * 1e-6 * f for f in (0.98, 0.99, 1.0, 1.0, 1.01, 1.02, 1.0, 0.99, 1.01, 1.0)]
+    graph = [graph_us * 1e-6 * f for f in (0.995, 1.0, 1.0, 1.005, 1.0, 1.0, 0.999, 1.001, 1.0, 1.0)]
+    modes = [
+        ModeResult(mode="eager", status="ok", throughput=series(eager), latency=series([x * 1.2 for x in eager]),
+                   gpu=series([7.5e-6] * 10), host_enqueue=series([40e-6] * 10), kernels_per_iter=3.0, iters_per_block=200),
+    ]
+    if reason:
+        modes.append(ModeResult(mode="graph", status="failed", phase="check", reason=reason))
+    else:
+        modes.append(ModeResult(mode="graph", status="ok", throughput=series(graph), latency=series([x * 2 for x in graph]),
+                                gpu=series([6.4e-6] * 10), host_enqueue=series([4e-6] * 10), kernels_per_iter=3.0,
+                                speedup=eager_us / graph_us, speedup_ci_low=eager_us / graph_us - 0.1,
+                                speedup_ci_high=eager_us / graph_us + 0.1, capture_s=0.0123, first_replay_s=0.0004,
+                                graph_pool_bytes=3 * 2**20, break_even_replays=330.0, iters_per_block=1500))
+    return ConfigResult(workload=workload, params={"batch_size": 1, "dtype": "float32", "width": 128}, device="NVIDIA H200",
+                        modes=modes, cpu_core=3, host_calibration_s=0.01)

@@ -1,0 +1,76 @@
+"""The replaybench command as a user runs it (subprocesses, real files)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from replaybench.storage import Store
+
+from .helpers import known_result
+
+
+def replaybench(*args, cwd, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "replaybench.cli", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=600, env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-w", "nope"], "unknown workload 'nope'; known workloads: "),
+        (["-b", "0"], "invalid batch_sizes.0: Input should be greater than or equal to 1"),
+        (["-b", "-5"], "greater than or equal to 1"),
+        (["--dtype", "float8"], "invalid dtypes.0"),
+        (["--mode", "warp"], "invalid modes.0"),
+        (["--time-budget", "0"], "invalid time_budget_s"),
+        (["--set", "colour=red"], "unknown parameter(s) colour"),
+        (["--db", "sqlite:////no/such/dir/r.db"], "directory /no/such/dir does not exist"),
+        (["--db", "::nonsense::"], "malformed database URL"),
+        (["--reports", "a_file/reports"], "report directory 'a_file/reports' is not writable"),
+    ],
+)
+def test_bad_input_one_line_nonzero_exit_nothing_written(tmp_path, args, message):
+    (tmp_path / "a_file").write_text("not a directory")
+    out = replaybench("run", *args, cwd=tmp_path)
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+    assert not (tmp_path / "replaybench.db").exists()
+    assert not (tmp_path / "reports").exists()
+
+
+def test_report_prints_a_stored_run(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
+    run_id = store.create_run("nightly", {})
+    store.add_result(run_id, known_result())
+    store.finish_run(run_id)
+    out = replaybench("report", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"# replaybench run {run_id}")
+    assert out.stdout == (tmp_path / "reports" / "latest.md").read_text()
+    missing = replaybench("report", "99", cwd=tmp_path)
+    assert missing.returncode == 2 and "no run with id 99" in missing.stderr
+
+
+def test_workloads_lists_the_registry(tmp_path):
+    out = replaybench("workloads", cwd=tmp_path)
+    assert out.returncode == 0 and "seed_mlp" in out.stdout
+
+
+@pytest.mark.slow
+def test_run_end_to_end_writes_a_report_and_the_database(tmp_path):
+    out = replaybench("run", "-w", "seed_mlp", "--time-budget", "0.3", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
+    assert f"run {run.id} completed: report reports/{run.id}.md" in out.stdout
+    report = Path(tmp_path / "reports" / "latest.md").read_text()
+    eager = next(r for r in run.results if r.mode == "eager")
+    assert f"| {eager.throughput_s * 1e6:.1f} [" in report
+    if eager.device == "cpu":
+        assert "| seed_mlp | batch_size=1, dtype=float32, width=128 | CUDA graph replay | no CUDA device |" in report
+    out = replaybench("runs", cwd=tmp_path)
+    assert out.returncode == 0 and "completed" in out.stdout

@@ -1,0 +1,55 @@
+"""The Prefect flow end to end, under Prefect's test harness (a real temporary server)."""
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.benchmark import benchmark
+from replaybench.params import RunParameters
+from replaybench.storage import Store
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def harness():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture
+def settings(db_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("REPLAYBENCH_DB_URL", db_url)
+    monkeypatch.setenv("REPLAYBENCH_REPORTS_DIR", str(tmp_path / "reports"))
+    return db_url, tmp_path / "reports"
+
+
+def test_flow_measures_stores_and_reports(harness, settings):
+    db_url, reports = settings
+    params = RunParameters(workloads=["seed_mlp"], time_budget_s=0.3, min_blocks=6)
+    run_id = benchmark(parameters=params, trigger="adhoc")
+
+    run = Store(db_url).run(run_id)
+    assert run.trigger == "adhoc" and run.status == "completed" and run.flow_run_id
+    assert run.torch_version and run.python_version and run.host
+    by_mode = {r.mode: r for r in run.results}
+    assert by_mode["eager"].status == "ok" and by_mode["eager"].throughput_s > 0
+    assert by_mode["graph"].status in ("ok", "skipped")
+
+    report = (reports / f"{run_id}.md").read_text()
+    assert f"{by_mode['eager'].throughput_s * 1e6:.1f} [" in report
+    assert (reports / "latest.md").read_text() == report
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["replaybench-report"])))
+    mine = [a for a in artifacts if str(a.flow_run_id) == run.flow_run_id]
+    assert len(mine) == 1 and mine[0].data == report
+
+
+def test_flow_rejects_an_unknown_workload_before_writing_anything(harness, settings):
+    db_url, reports = settings
+    with pytest.raises(Exception, match="unknown workload 'nope'"):
+        benchmark(parameters=RunParameters(workloads=["nope"]), trigger="adhoc")
+    assert not (reports / "latest.md").exists()
+    assert Store(db_url).runs() == []

@@ -1,0 +1,72 @@
+import re
+
+from replaybench.report import md_cell, write_report
+from replaybench.storage import Store
+
+from .helpers import known_result
+
+
+def table_rows(markdown: str, first_cell: str):
+    return [
+        [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        for line in markdown.splitlines()
+        if line.startswith("| " + first_cell)
+    ]
+
+
+def stored_run(db_url, *results):
+    store = Store(db_url)
+    run_id = store.create_run("cli", {}, {"torch": "2.11.0", "gpu_name": "NVIDIA H200", "python": "3.12", "cpu_model": "EPYC"})
+    for r in results:
+        store.add_result(run_id, r)
+    store.finish_run(run_id)
+    return store, run_id
+
+
+def test_report_tables_hold_the_stored_figures(db_url, tmp_path):
+    store, run_id = stored_run(db_url, known_result(eager_us=45.0, graph_us=6.5))
+    path, text = write_report(store, run_id, tmp_path / "reports")
+    assert path == tmp_path / "reports" / f"{run_id}.md"
+    assert (tmp_path / "reports" / "latest.md").read_text() == text == path.read_text()
+
+    run = store.run(run_id)
+    stored = {r.mode: r for r in run.results}
+    rows = table_rows(text, "batch_size=1, dtype=float32, width=128 |")
+    eager_row = next(r for r in rows if r[1] == "eager")
+    graph_row = next(r for r in rows if r[1] == "CUDA graph replay")
+    assert eager_row[2].startswith(f"{stored['eager'].throughput_s * 1e6:.1f} [")
+    assert graph_row[2].startswith(f"{stored['graph'].throughput_s * 1e6:.1f} [")
+    assert graph_row[8].startswith(f"**{stored['graph'].speedup:.2f}x**")
+    assert f"{45.0 / 6.5:.2f}x" in graph_row[8]
+    assert graph_row[6] == f"{stored['graph'].gpu_s * 1e6:.2f}"
+    assert "geometric-mean speedup **6.92x** over 1 config(s)" in text
+    assert "| 12.30 | 0.40 | 3.0 | 330 |" in text  # capture ms, first replay ms, pool MiB, break-even
+    assert "| torch | 2.11.0 |" in text
+
+
+def test_failures_are_listed_with_their_reason_and_text_is_escaped(db_url, tmp_path):
+    hostile = "mismatch | <script>alert(1)</script>\n| injected | row |"
+    store, run_id = stored_run(db_url, known_result(), known_result(workload="other", reason=hostile))
+    _, text = write_report(store, run_id, tmp_path)
+    assert "status **completed with failures**" in text
+    assert "Failures: 1." in text
+    failure = table_rows(text, "other |")
+    assert len(failure) == 1  # the newline did not start a row
+    row = failure[0]
+    assert len(row) == 5  # the pipes did not add cells
+    assert "<script>" not in text and "&lt;script&gt;" in row[4]
+    assert "\n| injected" not in text
+
+
+def test_md_cell():
+    assert md_cell("a|b\nc") == "a\\|b c"
+    assert md_cell(None) == ""
+
+
+def test_a_user_template_directory_overrides_the_builtin(db_url, tmp_path):
+    store, run_id = stored_run(db_url, known_result())
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md.j2").write_text("run {{ run.id }}: {{ sections | length }} workload(s)\n")
+    _, text = write_report(store, run_id, tmp_path / "out", template_dir=mine)
+    assert text == f"run {run_id}: 1 workload(s)\n"

@@ -1,0 +1,93 @@
+import os
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from sqlalchemy import inspect
+
+from replaybench.storage import Store, StoreError
+
+from .helpers import known_result
+
+
+def test_round_trip_on_a_real_sqlite_file(db_url, tmp_path):
+    store = Store(db_url)
+    run_id = store.create_run("cli", {"workloads": ["seed_mlp"]}, {"torch": "2.11.0", "gpu_name": "NVIDIA H200", "python": "3.12"})
+    store.add_result(run_id, known_result())
+    # Committed immediately: another connection sees the rows before the run ends.
+    rows = sqlite3.connect(tmp_path / "replaybench.db").execute(
+        "select mode, throughput_s, speedup from results where run_id = ?", (run_id,)
+    ).fetchall()
+    assert {r[0] for r in rows} == {"eager", "graph"}
+    assert store.finish_run(run_id) == "completed"
+
+    run = Store(db_url).run(run_id)  # a fresh store on the same file
+    assert (run.trigger, run.status, run.torch_version, run.gpu_name) == ("cli", "completed", "2.11.0", "NVIDIA H200")
+    assert run.ended_at is not None and run.parameters == {"workloads": ["seed_mlp"]}
+    by_mode = {r.mode: r for r in run.results}
+    expected = known_result()
+    assert by_mode["eager"].throughput_s == pytest.approx(expected.mode("eager").throughput.median)
+    assert by_mode["graph"].speedup == pytest.approx(45.0 / 6.5)
+    assert by_mode["graph"].graph_pool_bytes == 3 * 2**20
+    assert by_mode["eager"].samples["throughput"] == expected.mode("eager").throughput.blocks
+    assert by_mode["eager"].launch_overhead_s == pytest.approx(45e-6 - 7.5e-6, rel=0.05)
+    assert by_mode["graph"].params == {"batch_size": 1, "dtype": "float32", "width": 128}
+
+
+def test_failures_make_the_run_completed_with_failures(db_url):
+    store = Store(db_url)
+    run_id = store.create_run("adhoc", {})
+    store.add_result(run_id, known_result(reason="output 0 differs from eager"))
+    assert store.finish_run(run_id) == "completed_with_failures"
+
+
+def test_schema_is_at_the_newest_migration(db_url, tmp_path):
+    Store(db_url)
+    con = sqlite3.connect(tmp_path / "replaybench.db")
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0001",)
+    assert con.execute("pragma journal_mode").fetchone() == ("wal",)
+    assert {"runs", "results"} <= set(inspect(Store(db_url).engine).get_table_names())
+
+
+def test_a_run_left_running_by_a_dead_process_is_marked_crashed(db_url):
+    store = Store(db_url)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    run_id = store.create_run("nightly", {})
+    with store.session.begin() as s:
+        from replaybench.storage import Run
+
+        s.get(Run, run_id).pid = int(dead.stdout)
+    live = store.create_run("adhoc", {})  # this process: alive, must stay running
+    store.add_result(run_id, known_result())
+    assert store.mark_crashed_runs() == [run_id]
+    run = store.run(run_id)
+    assert run.status == "crashed" and "ended before the run finished" in run.error
+    assert len(run.results) == 2  # finished results are intact
+    assert store.run(live).status == "running"
+
+
+@pytest.mark.parametrize(
+    "url, message",
+    [
+        ("not a url", "malformed database URL"),
+        ("sqlite:////no/such/dir/x.db", "directory /no/such/dir does not exist"),
+        ("nosuchdialect://x/y", "cannot use database URL"),
+    ],
+)
+def test_bad_database_urls_fail_with_one_clear_line(url, message):
+    with pytest.raises(StoreError, match=message) as info:
+        Store(url)
+    assert "\n" not in str(info.value)
+
+
+def test_unreachable_postgres_is_reported(monkeypatch):
+    pytest.importorskip("psycopg")
+    with pytest.raises(StoreError, match="cannot reach database"):
+        Store("postgresql+psycopg://user:secret@127.0.0.1:9/none?connect_timeout=2")
+
+
+def test_url_comes_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("REPLAYBENCH_DB_URL", f"sqlite:///{tmp_path / 'env.db'}")
+    Store()
+    assert os.path.exists(tmp_path / "env.db")

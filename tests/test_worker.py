@@ -1,0 +1,52 @@
+"""The measuring process: isolation, timeouts, crashes and retries (real child processes)."""
+
+import os
+
+import pytest
+
+from replaybench.worker import MeasuringProcess
+from replaybench.workload import BenchConfig
+
+from .conftest import FAULTS
+
+pytestmark = pytest.mark.slow
+
+ONE = {"batch_size": 1, "dtype": "float32"}
+SEED = BenchConfig("seed_mlp", {**ONE, "width": 128})
+
+
+@pytest.fixture
+def process():
+    with MeasuringProcess(timeout_s=60, extra_workload_paths=[FAULTS]) as p:
+        yield p
+
+
+def test_measures_in_a_pinned_child_process(process, quick):
+    assert process.process.pid != os.getpid()
+    assert process.environment["torch"]
+    result = process.measure(SEED, quick)
+    assert result.mode("eager").status == "ok"
+    if hasattr(os, "sched_setaffinity"):
+        assert result.cpu_core == process.environment["cpu_core"] == max(os.sched_getaffinity(0))
+    # The same process serves the next config: torch import and start-up are paid once.
+    pid = process.process.pid
+    assert process.measure(SEED, quick).mode("eager").status == "ok"
+    assert process.process.pid == pid and process.starts == 1
+
+
+def test_a_hang_is_killed_at_the_timeout_and_the_next_config_still_measures(process, quick):
+    result = process.measure(BenchConfig("fault_hang", ONE), quick, timeout_s=3)
+    assert {m.status for m in result.modes} == {"crashed"}
+    assert "timed out: no result within 3 s" in result.modes[0].reason
+    assert process.measure(SEED, quick).mode("eager").status == "ok"
+    assert process.starts == 2
+
+
+@pytest.mark.parametrize("name, signal", [("fault_kill", "SIGKILL"), ("fault_segfault", "SIGSEGV")])
+def test_a_crash_is_retried_once_then_recorded(process, quick, name, signal):
+    result = process.measure(BenchConfig(name, ONE), quick)
+    assert result.attempts == 2
+    assert {m.status for m in result.modes} == {"crashed"}
+    assert f"the measuring process died ({signal})" in result.modes[0].reason
+    assert "retried once" in result.modes[0].reason
+    assert process.measure(SEED, quick).mode("eager").status == "ok"
