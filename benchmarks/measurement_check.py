@@ -26,6 +26,7 @@ import time
 import torch
 
 from replaybench import health
+from replaybench.analysis import derive
 from replaybench.engine import measure
 from replaybench.results import MeasureSettings
 from replaybench.workload import BenchConfig, load_registry
@@ -57,7 +58,7 @@ def in_process_checks(settings: MeasureSettings) -> dict:
     core = health.pin_to_core(None)
     registry = load_registry()
     config = BenchConfig("seed_mlp", {"batch_size": 1, "dtype": "float32", "width": 128})
-    result = measure(config, settings, registry)
+    result = derive(measure(config, settings, registry))
     eager, graph = result.mode("eager"), result.mode("graph")
     for m in result.modes:
         if m.status != "ok":
@@ -128,8 +129,10 @@ def flow_runs(n: int, db: str) -> None:
         g = rows["graph"]
         graph.append(g.throughput_s)
         speedups.append((g.speedup, g.speedup_ci_low, g.speedup_ci_high))
-        print(f"run {run_id}: eager {rows['eager'].throughput_s * 1e6:.2f} us, graph {g.throughput_s * 1e6:.3f} us, "
-              f"speedup {g.speedup:.2f} [{g.speedup_ci_low:.2f}, {g.speedup_ci_high:.2f}]")
+        e = rows["eager"]
+        print(f"run {run_id}: eager {e.throughput_s * 1e6:.2f} us [{e.throughput_ci_low * 1e6:.2f}, {e.throughput_ci_high * 1e6:.2f}], "
+              f"graph {g.throughput_s * 1e6:.3f} us, speedup {g.speedup:.2f} [{g.speedup_ci_low:.2f}, {g.speedup_ci_high:.2f}], "
+              f"cores {e.health.get('cpu_cores')}, flags {e.flags}")
     spread = (max(graph) - min(graph)) / statistics.median(graph)
     overlap = max(lo for _, lo, _ in speedups) <= min(hi for _, _, hi in speedups)
     print(f"graph replay run-to-run spread {spread:.2%} (target <= 3%); speedup intervals overlap: {overlap}")

@@ -20,7 +20,7 @@ from replaybench.report import check_writable, reports_dir, write_report
 from replaybench.results import ConfigResult, MeasureSettings
 from replaybench.storage import Store
 from replaybench.summary import one_line
-from replaybench.worker import MeasuringProcess
+from replaybench.worker import MeasuringPool
 from replaybench.workload import BenchConfig, load_registry
 
 Trigger = Literal["nightly", "adhoc", "cli"]
@@ -28,7 +28,7 @@ Trigger = Literal["nightly", "adhoc", "cli"]
 
 @task(cache_policy=NO_CACHE, task_run_name="{config.label}")
 def measure_config(
-    config: BenchConfig, settings: MeasureSettings, process: MeasuringProcess, store: Store, run_id: int
+    config: BenchConfig, settings: MeasureSettings, process: MeasuringPool, store: Store, run_id: int
 ) -> ConfigResult:
     result = process.measure(config, settings)
     store.add_result(run_id, result)  # committed now: a crash later loses nothing measured
@@ -50,7 +50,7 @@ def benchmark(parameters: RunParameters = RunParameters(), trigger: Trigger = "a
     store.set_flow_run(run_id, flow_run.get_id())
     logger.info("run %d: %d config(s), modes %s", run_id, len(configs), ", ".join(parameters.modes))
     try:
-        with MeasuringProcess(timeout_s=parameters.timeout_s) as process:
+        with MeasuringPool(parameters.processes, parameters.timeout_s) as process:
             store.set_environment(run_id, process.environment)
             settings = parameters.measure_settings()
             for config in configs:

@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--full-grid", action="store_true", help="each workload's full grid, not its default grid")
     run.add_argument("--precision", type=float, help="target relative half-width of the median's 95%% CI (default 0.01)")
     run.add_argument("--time-budget", type=float, metavar="SECONDS", help="measuring time per mode per config (default 3)")
+    run.add_argument("--processes", type=int, metavar="N", help="measuring processes per GPU, each config measured in all (default 3)")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="per-config limit; a hung config is killed (default 600)")
     run.add_argument("--trigger", choices=("cli", "adhoc", "nightly"), default="cli")
     common(run)
@@ -95,6 +96,7 @@ def _parameters(args):
         "precision": args.precision,
         "time_budget_s": args.time_budget,
         "timeout_s": args.timeout,
+        "processes": args.processes,
     }
     if args.mode:
         fields["modes"] = args.mode

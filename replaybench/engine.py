@@ -22,7 +22,7 @@ import torch
 
 from . import health
 from .results import ConfigResult, MeasureSettings, ModeResult, Series
-from .stats import StoppingRule, interleave, speedup_ci, summarize
+from .stats import StoppingRule, interleave, summarize
 from .workload import BenchConfig, Built, Registry
 
 clock = time.perf_counter
@@ -94,6 +94,7 @@ class Measurement:
         self.results: dict[str, ModeResult] = {}
         self.calls: dict[str, Callable[[], Any]] = {}  # mode -> one call, outputs ready after sync
         self.lost_context: str | None = None
+        self.kernels: float | None = None  # GPU operations per call, counted in the captured graph
 
     # -- helpers -------------------------------------------------------------------------------
     def sync(self) -> None:
@@ -156,6 +157,15 @@ class Measurement:
         if not self.workload.capturable:
             return self.skip("graph", self.workload.not_capturable_reason or "workload declares it cannot be captured")
         fn, inputs = self.built.fn, self.built.inputs
+        # A host synchronisation inside capture invalidates it and can leave the process stuck:
+        # find it with one eager call under sync debugging instead.
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fn(*inputs)
+        except RuntimeError as exc:
+            raise ModeFailure("capture", f"cannot be captured: the call synchronizes with the host ({describe(exc)})") from exc
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
         # Warm up on the stream we capture on: cuBLAS handles and workspaces are made per stream.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -167,7 +177,10 @@ class Measurement:
         gc.collect()
         torch.cuda.empty_cache()
         reserved_before = torch.cuda.memory_reserved()
-        graph = torch.cuda.CUDAGraph()
+        try:  # keep the cudaGraph_t to count its nodes (torch >= 2.7); instantiated below
+            graph = torch.cuda.CUDAGraph(keep_graph=True)
+        except TypeError:
+            graph = torch.cuda.CUDAGraph()
         start = clock()
         try:
             with torch.cuda.graph(graph, stream=stream):
@@ -175,7 +188,10 @@ class Measurement:
             torch.cuda.synchronize()
         except Exception as exc:
             raise ModeFailure("capture", f"capture failed: {describe(exc)}") from exc
-        capture_s = clock() - start
+        if hasattr(graph, "raw_cuda_graph"):
+            self.kernels = graph_operations(graph.raw_cuda_graph())
+            graph.instantiate()
+        capture_s = clock() - start  # capture and instantiation: what a user pays once
         pool_bytes = torch.cuda.memory_reserved() - reserved_before
         start = clock()
         graph.replay()
@@ -294,20 +310,6 @@ class Measurement:
             out[mode] = (gpu, enqueue)
         return out
 
-    def kernels_per_iteration(self) -> float | None:
-        from torch.profiler import ProfilerActivity, profile
-
-        call, n = self.calls["eager"], 10
-        try:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(n):
-                    call()
-                torch.cuda.synchronize()
-            device_events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        except Exception:
-            return None
-        return len(device_events) / n if device_events else None
-
     # -- the whole config ---------------------------------------------------------------------
     def run(self) -> ConfigResult:
         s = self.settings
@@ -329,7 +331,6 @@ class Measurement:
         result.process_unusable = self.lost_context is not None
         result.health_after = health.gpu_health() if self.cuda else None
         result.modes = [self.results[m] for m in s.modes]
-        derive(result)
         return result
 
     def measure_modes(self) -> None:
@@ -382,39 +383,16 @@ class Measurement:
             r.latency = _series(latency[mode], s)
         if not self.cuda:
             return
-        kernels = self.kernels_per_iteration() if "eager" in self.calls else None
         medians = {m: self.results[m].throughput.median for m in self.calls}
-        for mode, (gpu, enqueue) in self.gpu_series(medians, kernels).items():
+        for mode, (gpu, enqueue) in self.gpu_series(medians, self.kernels).items():
             r = self.results[mode]
-            r.kernels_per_iter = kernels
+            if mode in ("eager", "graph"):
+                r.kernels_per_iter = self.kernels
             if gpu:
                 r.gpu = _series(gpu, s)
                 r.host_enqueue = _series(enqueue, s)
             else:
                 r.flags.append("GPU time not measured: the stream hold never outlasted the enqueue")
-
-
-def derive(result: ConfigResult) -> None:
-    """Flags, speedups and break-even points, from the measured series of each mode."""
-    eager = result.mode("eager")
-    for r in result.modes:
-        if r.status != "ok" or r.throughput is None:
-            continue
-        if not r.throughput.precision_met:
-            r.flags.append(
-                f"precision target not met: median +/- {r.throughput.rel_halfwidth:.1%} after {r.throughput.n} blocks"
-            )
-        if r.throughput.iqr / r.throughput.median > 0.10:
-            r.flags.append(f"high spread: IQR {r.throughput.iqr / r.throughput.median:.0%} of the median")
-        for when, h in (("before", result.health_before), ("after", result.health_after)):
-            if h and h.get("throttled"):
-                r.flags.append(f"GPU throttled {when} measuring: {', '.join(h.get('throttle_reasons', []))}")
-        if r.mode == "eager" or not (eager and eager.status == "ok" and eager.throughput):
-            continue
-        r.speedup, r.speedup_ci_low, r.speedup_ci_high = speedup_ci(eager.throughput.blocks, r.throughput.blocks)
-        if r.mode == "graph" and r.capture_s is not None:
-            saved = eager.throughput.median - r.throughput.median
-            r.break_even_replays = (r.capture_s + r.first_replay_s) / saved if saved > 0 else None
 
 
 def _series(blocks: list[float], s: MeasureSettings) -> Series:
@@ -429,6 +407,34 @@ def _cuda_broken() -> bool:
         return False
     except Exception:
         return True
+
+
+_GRAPH_OPERATION_TYPES = (0, 1, 2)  # cudaGraphNodeType: kernel, memcpy, memset
+
+
+def graph_operations(raw_graph: int) -> int | None:
+    """Kernels, copies and memsets in a captured cudaGraph_t, through the CUDA runtime that torch
+    loaded (found in this process's memory map); None where it cannot be found."""
+    import ctypes
+
+    try:
+        paths = {line.split()[-1] for line in open("/proc/self/maps") if "libcudart" in line}
+        runtime = ctypes.CDLL(sorted(paths)[0])
+        count = ctypes.c_size_t(0)
+        graph = ctypes.c_void_p(raw_graph)
+        if runtime.cudaGraphGetNodes(graph, None, ctypes.byref(count)) != 0:
+            return None
+        nodes = (ctypes.c_void_p * count.value)()
+        if runtime.cudaGraphGetNodes(graph, nodes, ctypes.byref(count)) != 0:
+            return None
+        kinds = []
+        for node in nodes:
+            kind = ctypes.c_int(-1)
+            runtime.cudaGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind))
+            kinds.append(kind.value)
+    except (OSError, IndexError, AttributeError):
+        return None
+    return sum(k in _GRAPH_OPERATION_TYPES for k in kinds)
 
 
 def _cudagraph_skips() -> int | None:
@@ -459,5 +465,7 @@ def _sleep_rate() -> float:
 
 
 def measure(config: BenchConfig, settings: MeasureSettings, registry: Registry) -> ConfigResult:
-    """Measure one config in this process; ``process_unusable`` is set after a sticky CUDA error."""
+    """Measure one config in this process; ``process_unusable`` is set after a sticky CUDA error.
+    Speedups and flags are derived afterwards (``replaybench.analysis.derive``), once the results of
+    every measuring process are combined."""
     return Measurement(config, settings, registry).run()

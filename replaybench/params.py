@@ -31,6 +31,9 @@ class RunParameters(BaseModel):
     precision: float = Field(0.01, ge=0.001, le=0.5, description="target relative half-width of the 95% CI")
     time_budget_s: float = Field(3.0, gt=0, le=600, description="measuring seconds per mode per config")
     min_blocks: int = Field(10, ge=6, le=10_000)
+    processes: int = Field(
+        3, ge=1, le=16, description="measuring processes per GPU; each config is measured in every one"
+    )
     timeout_s: float = Field(600, ge=1, le=24 * 3600, description="per-config limit; a hung config is killed")
 
     def measure_settings(self) -> MeasureSettings:

@@ -54,6 +54,13 @@ class Series(BaseModel):
     iqr: float
     precision_met: bool
     blocks: list[float]
+    # blocks measured by each measuring process, in order (blocks[:k0] by the first, ...)
+    per_process: list[int] = Field(default_factory=list)
+
+    def groups(self) -> list[list[float]]:
+        sizes = self.per_process or [len(self.blocks)]
+        bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        return [self.blocks[a:b] for a, b in zip(bounds, bounds[1:])]
 
     @property
     def rel_halfwidth(self) -> float:
@@ -107,6 +114,7 @@ class ConfigResult(BaseModel):
     device: str
     modes: list[ModeResult]
     cpu_core: int | None = None
+    cpu_cores: list[int | None] = Field(default_factory=list)  # one per measuring process
     host_calibration_s: float | None = None
     load_average: list[float] | None = None
     health_before: dict[str, Any] | None = None

@@ -74,34 +74,60 @@ def summarize(samples) -> Summary:
     )
 
 
+def _resample(groups: list[np.ndarray], picks, rng) -> np.ndarray:
+    return np.concatenate([rng.choice(groups[i], size=groups[i].size) for i in picks])
+
+
 def speedup_ci(
     baseline, candidate, confidence: float = CONFIDENCE, resamples: int = 2000, seed: int = 0
 ) -> tuple[float, float, float]:
     """Speedup = median(baseline) / median(candidate), with a percentile bootstrap interval.
 
-    The two series are resampled independently (blocks of the two modes are interleaved, not
-    paired one to one).
+    ``baseline`` and ``candidate`` are block timings, either flat sequences (one measuring
+    process) or lists of per-process sequences. With several processes the bootstrap is
+    hierarchical: processes are resampled first (the same picks for both modes, since both were
+    measured in each process), then blocks within each picked process, so that the interval
+    carries the process-to-process variation that blocks of one process cannot show.
     """
-    a = np.asarray(baseline, dtype=float)
-    b = np.asarray(candidate, dtype=float)
-    point = float(np.median(a) / np.median(b))
-    if a.size < 2 or b.size < 2:
+    a_groups, b_groups = as_groups(baseline), as_groups(candidate)
+    if len(a_groups) != len(b_groups):
+        raise ValueError("baseline and candidate must come from the same processes")
+    point = float(np.median(np.concatenate(a_groups)) / np.median(np.concatenate(b_groups)))
+    if min(g.size for g in a_groups + b_groups) < 2:
         return point, float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    n = len(a_groups)
+    ratios = np.empty(resamples)
+    for k in range(resamples):
+        picks = rng.integers(0, n, n) if n > 1 else (0,)
+        ratios[k] = np.median(_resample(a_groups, picks, rng)) / np.median(_resample(b_groups, picks, rng))
+    alpha = 1 - confidence
+    lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
+    return point, float(lo), float(hi)
 
-    def ratio(x, y, axis):
-        return np.median(x, axis=axis) / np.median(y, axis=axis)
 
-    res = sps.bootstrap(
-        (a, b),
-        ratio,
-        n_resamples=resamples,
-        confidence_level=confidence,
-        method="percentile",
-        vectorized=True,
-        paired=False,
-        rng=np.random.default_rng(seed),
-    )
-    return point, float(res.confidence_interval.low), float(res.confidence_interval.high)
+def as_groups(samples) -> list[np.ndarray]:
+    """Flat block timings -> one group; a list of sequences -> one group per process."""
+    samples = list(samples)
+    if samples and isinstance(samples[0], (list, tuple, np.ndarray)):
+        return [np.asarray(g, dtype=float) for g in samples]
+    return [np.asarray(samples, dtype=float)]
+
+
+def summarize_groups(groups, confidence: float = CONFIDENCE, resamples: int = 2000, seed: int = 0) -> Summary:
+    """Summary of blocks pooled from several processes. The median's interval is a hierarchical
+    bootstrap (processes, then blocks); with one process it is the order-statistic interval."""
+    groups = as_groups(groups)
+    pooled = np.concatenate(groups)
+    summary = summarize(pooled)
+    if len(groups) == 1:
+        return summary
+    rng = np.random.default_rng(seed)
+    n = len(groups)
+    medians = [np.median(_resample(groups, rng.integers(0, n, n), rng)) for _ in range(resamples)]
+    alpha = 1 - confidence
+    lo, hi = np.quantile(medians, [alpha / 2, 1 - alpha / 2])
+    return Summary(**{**summary.__dict__, "ci_low": float(lo), "ci_high": float(hi)})
 
 
 @dataclass

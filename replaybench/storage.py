@@ -179,8 +179,13 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult) -> Result:
             "after": config.health_after,
             "load_average": config.load_average,
             "measuring_s": config.measuring_s,
+            "cpu_cores": config.cpu_cores,
         },
-        samples={k: s.blocks for k, s in (("throughput", t), ("latency", lat), ("gpu", gpu), ("host_enqueue", enq)) if s},
+        samples={
+            **{k: s.blocks for k, s in (("throughput", t), ("latency", lat), ("gpu", gpu), ("host_enqueue", enq)) if s},
+            # blocks per measuring process, in order, for statistics that resample processes
+            "per_process": {k: s.per_process for k, s in (("throughput", t), ("latency", lat), ("gpu", gpu), ("host_enqueue", enq)) if s},
+        },
     )
 
 

@@ -1,7 +1,7 @@
 """The measuring process: timing never runs in the orchestrating process.
 
-One long-lived child process per GPU imports torch and starts CUDA once, pins itself to one core,
-and measures configs sent to it over a pipe. The parent enforces a per-config timeout (a hung
+Long-lived child processes (a pool per GPU, see MeasuringPool) import torch and start CUDA once,
+pin themselves to one core each, and measure configs sent to them over a pipe. The parent enforces a per-config timeout (a hung
 kernel cannot be interrupted from Python, so the child is killed), replaces the child after a
 crash or a sticky CUDA error, and retries a crashed measurement once in a fresh process.
 """
@@ -9,10 +9,12 @@ crash or a sticky CUDA error, and retries a crashed measurement once in a fresh 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
 import time
 from typing import Any
 
+from .analysis import combine, derive
 from .results import ConfigResult, MeasureSettings, ModeResult
 from .workload import BenchConfig
 
@@ -87,6 +89,10 @@ class MeasuringProcess:
         self.close()
 
     def start(self) -> dict[str, Any]:
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
         ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(
@@ -95,6 +101,8 @@ class MeasuringProcess:
         self.process.start()
         child.close()
         self.starts += 1
+
+    def wait_ready(self) -> dict[str, Any]:
         if not self.conn.poll(STARTUP_TIMEOUT_S):
             self.kill()
             raise RuntimeError(f"the measuring process did not start within {STARTUP_TIMEOUT_S:.0f} s")
@@ -154,6 +162,59 @@ class MeasuringProcess:
                 self.kill()
             return result
         return crashed(config, settings, reason + "; retried once in a fresh process, which died too", 2)
+
+
+class MeasuringPool:
+    """The measuring processes of one GPU: each pinned to its own core, used in turn, never at once.
+
+    A config is measured in every process, each with an equal share of the time budget, and the
+    results are combined: process-to-process variation (memory layout, core, host state) is then
+    part of every interval instead of hiding between runs. A config that fails or crashes in one
+    process is not repeated in the others.
+    """
+
+    def __init__(
+        self,
+        processes: int = 1,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        extra_workload_paths: list[str] | None = None,
+    ):
+        if processes < 1:
+            raise ValueError("at least one measuring process")
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
+        chosen = [cores[-1 - i % len(cores)] for i in range(processes)]
+        self.members = [MeasuringProcess(c, timeout_s, extra_workload_paths) for c in chosen]
+
+    def __enter__(self) -> "MeasuringPool":
+        for m in self.members:
+            m.launch()  # start in parallel: each pays torch import and CUDA start-up at once
+        try:
+            for m in self.members:
+                m.wait_ready()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for m in self.members:
+            m.close()
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return {**self.members[0].environment, "cpu_cores": [m.core for m in self.members], "processes": len(self.members)}
+
+    def measure(self, config: BenchConfig, settings: MeasureSettings, timeout_s: float | None = None) -> ConfigResult:
+        share = settings.model_copy(update={"time_budget_s": settings.time_budget_s / len(self.members)})
+        results = []
+        for member in self.members:
+            results.append(member.measure(config, share, timeout_s))
+            if any(m.status != "ok" and m.status != "skipped" for m in results[-1].modes):
+                break
+        return derive(combine(results, settings.precision))
 
 
 def crashed(config: BenchConfig, settings: MeasureSettings, reason: str, attempts: int) -> ConfigResult:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from replaybench.engine import compare, derive, measure
+from replaybench.analysis import combine, derive
+from replaybench.engine import compare, measure
 from replaybench.results import ConfigResult, ModeResult, Series
 from replaybench.stats import summarize
 from replaybench.workload import BenchConfig, load_registry

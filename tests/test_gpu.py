@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from replaybench.results import MeasureSettings
-from replaybench.worker import MeasuringProcess
+from replaybench.worker import MeasuringPool
 from replaybench.workload import BenchConfig
 
 from .conftest import FAULTS
@@ -17,13 +17,13 @@ SETTINGS = MeasureSettings(time_budget_s=1.0)
 
 
 @pytest.fixture(scope="module")
-def process():
-    with MeasuringProcess(timeout_s=120, extra_workload_paths=[FAULTS]) as p:
-        yield p
+def pool():
+    with MeasuringPool(1, timeout_s=120, extra_workload_paths=[FAULTS]) as pool:
+        yield pool
 
 
-def test_seed_mlp_graph_replay_is_checked_and_faster(process):
-    result = process.measure(SEED, SETTINGS)
+def test_seed_mlp_graph_replay_is_checked_and_faster(pool):
+    result = pool.measure(SEED, SETTINGS)
     eager, graph = result.mode("eager"), result.mode("graph")
     assert eager.status == "ok" and graph.status == "ok", (eager.reason, graph.reason)
     assert graph.max_abs_diff < 1e-4
@@ -39,48 +39,48 @@ def test_seed_mlp_graph_replay_is_checked_and_faster(process):
     assert result.health_before and "sm_clock_mhz" in result.health_before
 
 
-def test_python_state_makes_replay_differ_and_no_speedup_is_reported(process):
-    result = process.measure(BenchConfig("fault_python_state", ONE), SETTINGS)
+def test_python_state_makes_replay_differ_and_no_speedup_is_reported(pool):
+    result = pool.measure(BenchConfig("fault_python_state", ONE), SETTINGS)
     graph = result.mode("graph")
     assert (graph.status, graph.phase) == ("failed", "check")
     assert "differs from eager" in graph.reason and graph.speedup is None and graph.throughput is None
     assert result.mode("eager").status == "ok"
 
 
-def test_host_sync_cannot_be_captured(process):
-    result = process.measure(BenchConfig("fault_host_sync", ONE), SETTINGS)
+def test_host_sync_cannot_be_captured(pool):
+    result = pool.measure(BenchConfig("fault_host_sync", ONE), SETTINGS)
     graph = result.mode("graph")
     assert (graph.status, graph.phase) == ("failed", "capture"), graph.reason
     assert result.mode("eager").status == "ok"
-    assert process.measure(SEED, SETTINGS).mode("graph").status == "ok"
+    assert pool.measure(SEED, SETTINGS).mode("graph").status == "ok"
 
 
-def test_out_of_memory_is_a_failed_build(process):
-    result = process.measure(BenchConfig("fault_oom", ONE), SETTINGS)
+def test_out_of_memory_is_a_failed_build(pool):
+    result = pool.measure(BenchConfig("fault_oom", ONE), SETTINGS)
     assert {(m.status, m.phase) for m in result.modes} == {("failed", "build")}
     assert "OutOfMemoryError" in result.modes[0].reason
-    assert process.measure(SEED, SETTINGS).mode("graph").status == "ok"
+    assert pool.measure(SEED, SETTINGS).mode("graph").status == "ok"
 
 
-def test_sticky_error_replaces_the_process_and_the_next_config_measures(process):
-    starts = process.starts
-    result = process.measure(BenchConfig("fault_device_assert", ONE), SETTINGS)
+def test_sticky_error_replaces_the_process_and_the_next_config_measures(pool):
+    starts = pool.members[0].starts
+    result = pool.measure(BenchConfig("fault_device_assert", ONE), SETTINGS)
     assert result.process_unusable
     assert {m.status for m in result.modes} == {"failed"}
-    after = process.measure(SEED, SETTINGS)
-    assert process.starts == starts + 1
+    after = pool.measure(SEED, SETTINGS)
+    assert pool.members[0].starts == starts + 1
     assert after.mode("graph").status == "ok" and after.mode("graph").speedup > 1.5
 
 
-def test_gpu_hang_is_killed(process):
-    result = process.measure(BenchConfig("fault_hang", ONE), SETTINGS, timeout_s=20)
+def test_gpu_hang_is_killed(pool):
+    result = pool.measure(BenchConfig("fault_hang", ONE), SETTINGS, timeout_s=20)
     assert "timed out" in result.modes[0].reason
-    assert process.measure(SEED, SETTINGS).mode("graph").status == "ok"
+    assert pool.measure(SEED, SETTINGS).mode("graph").status == "ok"
 
 
-def test_compile_modes_are_checked_and_timed_or_fail_with_a_reason(process):
+def test_compile_modes_are_checked_and_timed_or_fail_with_a_reason(pool):
     settings = MeasureSettings(time_budget_s=0.5, modes=["eager", "graph", "compile", "compile_cudagraphs"])
-    result = process.measure(SEED, settings, timeout_s=300)
+    result = pool.measure(SEED, settings, timeout_s=300)
     for name in ("compile", "compile_cudagraphs"):
         m = result.mode(name)
         assert m.status in ("ok", "failed"), m.reason

@@ -50,3 +50,19 @@ def test_a_crash_is_retried_once_then_recorded(process, quick, name, signal):
     assert f"the measuring process died ({signal})" in result.modes[0].reason
     assert "retried once" in result.modes[0].reason
     assert process.measure(SEED, quick).mode("eager").status == "ok"
+
+
+def test_a_pool_measures_each_config_in_every_process_and_pools_the_blocks(quick):
+    from replaybench.worker import MeasuringPool
+
+    with MeasuringPool(2, timeout_s=60, extra_workload_paths=[FAULTS]) as pool:
+        assert len({m.process.pid for m in pool.members}) == 2
+        result = pool.measure(SEED, quick)
+        eager = result.mode("eager")
+        assert eager.status == "ok"
+        assert len(eager.throughput.per_process) == 2
+        assert sum(eager.throughput.per_process) == eager.throughput.n == len(eager.throughput.blocks)
+        assert len(result.cpu_cores) == 2
+        # A deterministic failure is not repeated in the second process.
+        failed = pool.measure(BenchConfig("fault_forward_error", ONE), quick)
+        assert {m.status for m in failed.modes} == {"failed"} and len(failed.cpu_cores) == 1
