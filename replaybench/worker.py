@@ -8,9 +8,13 @@ crash or a sticky CUDA error, and retries a crashed measurement once in a fresh 
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
+import re
+import shutil
 import signal
+import tempfile
 import time
 from typing import Any
 
@@ -22,9 +26,13 @@ DEFAULT_TIMEOUT_S = 600.0
 STARTUP_TIMEOUT_S = 300.0
 
 
-def _serve(conn, core: int | None, extra_paths: list[str]) -> None:
+def _serve(conn, core: int | None, extra_paths: list[str], trace_path: str | None = None) -> None:
     """Child process main loop."""
     from . import health
+
+    if trace_path and hasattr(signal, "SIGUSR1"):
+        # On a timeout the parent asks where we are stuck before it kills us.
+        faulthandler.register(signal.SIGUSR1, file=open(trace_path, "w"), all_threads=False)
 
     pinned = health.pin_to_core(core)
     import torch
@@ -95,8 +103,9 @@ class MeasuringProcess:
     def launch(self) -> None:
         ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
         self.conn, child = ctx.Pipe()
+        self.trace_path = os.path.join(tempfile.mkdtemp(prefix="replaybench-"), "stack.txt")
         self.process = ctx.Process(
-            target=_serve, args=(child, self.core, self.extra_paths), name="replaybench-measure", daemon=True
+            target=_serve, args=(child, self.core, self.extra_paths, self.trace_path), name="replaybench-measure", daemon=True
         )
         self.process.start()
         child.close()
@@ -118,12 +127,34 @@ class MeasuringProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
 
+    def where_stuck(self) -> str:
+        """', stuck in FUNCTION (FILE:LINE)' from the child's own stack, or '' if it cannot say."""
+        if not (self.alive and hasattr(signal, "SIGUSR1")):
+            return ""
+        os.kill(self.process.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 2
+        frames: list[str] = []
+        while time.monotonic() < deadline and not frames:
+            time.sleep(0.1)
+            try:
+                with open(self.trace_path) as f:
+                    frames = [ln.strip() for ln in f if ln.strip().startswith("File ")]
+            except OSError:
+                pass
+        if not frames:
+            return ""
+        # 'File "/x/y.py", line 17 in forward' -> 'forward (y.py:17)'
+        m = re.match(r'File "(.+)", line (\d+) in (.+)', frames[0])
+        return f", stuck in {m.group(3)} ({os.path.basename(m.group(1))}:{m.group(2)})" if m else ""
+
     def kill(self) -> None:
         if self.process is not None and self.process.is_alive():
             self.process.kill()
             self.process.join(10)
         if self.conn is not None:
             self.conn.close()
+        if getattr(self, "trace_path", None):
+            shutil.rmtree(os.path.dirname(self.trace_path), ignore_errors=True)
         self.process = self.conn = None
 
     def close(self) -> None:
@@ -144,9 +175,13 @@ class MeasuringProcess:
             started = time.monotonic()
             self.conn.send((config, settings))
             if not self.conn.poll(timeout_s):
+                where = self.where_stuck()
                 self.kill()
                 return crashed(
-                    config, settings, f"timed out: no result within {timeout_s:g} s; the measuring process was killed", attempt
+                    config,
+                    settings,
+                    f"timed out: no result within {timeout_s:g} s; the measuring process was killed{where}",
+                    attempt,
                 )
             try:
                 _, result = self.conn.recv()

@@ -38,6 +38,7 @@ def test_a_hang_is_killed_at_the_timeout_and_the_next_config_still_measures(proc
     result = process.measure(BenchConfig("fault_hang", ONE), quick, timeout_s=3)
     assert {m.status for m in result.modes} == {"crashed"}
     assert "timed out: no result within 3 s" in result.modes[0].reason
+    assert "stuck in forward (fault_hang.py:" in result.modes[0].reason
     assert process.measure(SEED, quick).mode("eager").status == "ok"
     assert process.starts == 2
 
