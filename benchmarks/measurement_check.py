@@ -27,7 +27,8 @@ import torch
 
 from replaybench import health
 from replaybench.analysis import derive
-from replaybench.engine import measure
+from replaybench.engine import Measurement, measure
+from replaybench.stats import StoppingRule, interleave
 from replaybench.results import MeasureSettings
 from replaybench.workload import BenchConfig, load_registry
 
@@ -46,6 +47,29 @@ def bare_eager_loop(model, x, blocks: int = 20, iters: int = 200) -> float:
             torch.cuda.synchronize()
             times.append((time.perf_counter() - start) / iters)
     return statistics.median(times)
+
+
+def engine_vs_bare_interleaved(config, settings, registry, blocks: int = 40, iters: int = 200):
+    m = Measurement(config, settings, registry)
+    m.built = m.workload.build(dict(config.params), m.device, m.dtype)
+    model, (x,) = m.built.fn, m.built.inputs
+    with torch.inference_mode():
+        m.prepare_eager()
+
+        def bare():
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(iters):
+                model(x)
+            torch.cuda.synchronize()
+            return (time.perf_counter() - start) / iters
+
+        samples = interleave(
+            StoppingRule(min_blocks=blocks, max_blocks=blocks, budget_s=0),
+            {"engine": lambda: m.time_block(m.calls["eager"], iters, False), "bare": bare},
+            time.perf_counter,
+        )
+    return statistics.median(samples["engine"]), statistics.median(samples["bare"])
 
 
 def unrolled_graph_gpu_time(model, x, calls: int = 100, replays: int = 20) -> float:
@@ -96,7 +120,11 @@ def in_process_checks(settings: MeasureSettings) -> dict:
     built = registry.get("seed_mlp").build(config.params, torch.device("cuda"), torch.float32)
     model, (x,) = built.fn, built.inputs
     bare = bare_eager_loop(model, x)
-    row("eager throughput vs bare eager loop", eager.throughput.median, bare, 0.05)
+    row("eager throughput vs bare eager loop after it", eager.throughput.median, bare, 0.05)
+    # Host speed drifts over seconds on a VM: compare the engine's own timed block with the bare
+    # loop interleaved, block for block, so that drift hits both.
+    ours, theirs = engine_vs_bare_interleaved(config, settings, registry)
+    row("engine's timed block vs bare loop, interleaved", ours, theirs, 0.05)
 
     try:
         from triton.testing import do_bench_cudagraph

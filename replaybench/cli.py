@@ -108,11 +108,17 @@ def _parameters(args):
         raise UsageError(f"invalid {where}: {err['msg']} (got {err.get('input')!r})") from None
 
 
+def _store(args) -> Store:
+    store = Store(args.db)
+    store.mark_crashed_runs()  # runs whose process was killed are found at the next start
+    return store
+
+
 def cmd_run(args) -> int:
     parameters = _parameters(args)
     configs = parameters.configs(load_registry())
     check_writable(reports_dir(args.reports), create=False)
-    Store(args.db)  # reachable and migrated, before any measuring
+    _store(args)  # reachable and migrated, before any measuring
     # The flow reads these settings from the environment, as it does on a worker.
     for variable, value in ((URL_VARIABLE, args.db), (REPORTS_VARIABLE, args.reports), (TEMPLATES_VARIABLE, args.templates)):
         if value:
@@ -130,7 +136,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_report(args) -> int:
-    store = Store(args.db)
+    store = _store(args)
     run_id = store.run(args.run_id).id
     _, text = write_report(store, run_id, args.reports, args.templates)
     sys.stdout.write(text)
@@ -139,7 +145,7 @@ def cmd_report(args) -> int:
 
 def cmd_runs(args) -> int:
     table = Table("run", "trigger", "started (UTC)", "status", "results", "GPU", "torch")
-    for run in Store(args.db).runs(args.limit):
+    for run in _store(args).runs(args.limit):
         table.add_row(
             str(run.id), run.trigger, run.started_at.strftime("%Y-%m-%d %H:%M"), run.status,
             str(len(run.results)) if "results" in run.__dict__ else "", run.gpu_name or "none", run.torch_version or "",

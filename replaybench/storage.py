@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event, select
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
 from .results import ConfigResult, ModeResult
@@ -193,18 +194,22 @@ def database_url(url: str | None = None) -> str:
     return url or os.environ.get(URL_VARIABLE) or DEFAULT_URL
 
 
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
-    # WAL lets readers and one writer work at once; the busy timeout waits out other writers.
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
+def _sqlite_pragmas(busy_timeout_s: float):
+    def on_connect(dbapi_connection, _record) -> None:
+        # WAL lets readers and one writer work at once; the busy timeout waits out other writers.
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return on_connect
 
 
 class Store:
-    def __init__(self, url: str | None = None, migrate: bool = True):
+    def __init__(self, url: str | None = None, migrate: bool = True, busy_timeout_s: float = 30, retry_s: float = 120):
         self.url = database_url(url)
+        self.retry_s = retry_s
         try:
             parsed = make_url(self.url)
         except ArgumentError:
@@ -218,7 +223,7 @@ class Store:
         except (ArgumentError, ImportError, SQLAlchemyError) as exc:
             raise StoreError(f"cannot use database URL {parsed.render_as_string(hide_password=True)!r}: {exc}") from None
         if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s))
         self.session = sessionmaker(self.engine, expire_on_commit=False)
         if migrate:
             self.migrate()
@@ -254,12 +259,23 @@ class Store:
             s.get(Run, run_id).flow_run_id = flow_run_id
 
     def add_result(self, run_id: int, result: ConfigResult) -> list[int]:
-        """Store every mode of one config in one transaction, committed before returning."""
-        with self.session.begin() as s:
-            rows = [_result_row(run_id, result, m) for m in result.modes]
-            s.add_all(rows)
-            s.flush()
-            return [r.id for r in rows]
+        """Store every mode of one config in one transaction, committed before returning. A locked
+        or briefly unreachable database is retried for ``retry_s`` seconds: a measurement that
+        took minutes is not thrown away for a lock that clears in seconds."""
+        deadline = time.monotonic() + self.retry_s
+        delay = 0.1
+        while True:
+            try:
+                with self.session.begin() as s:
+                    rows = [_result_row(run_id, result, m) for m in result.modes]
+                    s.add_all(rows)
+                    s.flush()
+                    return [r.id for r in rows]
+            except OperationalError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def finish_run(self, run_id: int, error: str | None = None) -> str:
         with self.session.begin() as s:

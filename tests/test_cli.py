@@ -74,3 +74,37 @@ def test_run_end_to_end_writes_a_report_and_the_database(tmp_path):
         assert "| seed_mlp | batch_size=1, dtype=float32, width=128 | CUDA graph replay | no CUDA device |" in report
     out = replaybench("runs", cwd=tmp_path)
     assert out.returncode == 0 and "completed" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_killed_run_is_marked_crashed_at_the_next_start_with_finished_results_intact(tmp_path):
+    import signal
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replaybench.cli", "run", "-w", "seed_mlp", "--set", "width=128,512",
+         "--processes", "1", "--time-budget", "20"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    db = tmp_path / "replaybench.db"
+    deadline = time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline:  # until the first config's results are committed
+            if db.exists():
+                try:
+                    if Store(f"sqlite:///{db}").run().results:
+                        break
+                except Exception:
+                    pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("no result was stored within 300 s")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the flow, its Prefect server and measuring process
+        proc.wait()
+    out = replaybench("runs", cwd=tmp_path)
+    assert out.returncode == 0 and "crashed" in out.stdout
+    run = Store(f"sqlite:///{db}").run()
+    assert run.status == "crashed" and "ended before the run finished" in run.error
+    assert {(r.params["width"], r.mode) for r in run.results} == {(128, "eager"), (128, "graph")}
+    assert next(r for r in run.results if r.mode == "eager").throughput_s > 0

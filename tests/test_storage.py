@@ -91,3 +91,30 @@ def test_url_comes_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("REPLAYBENCH_DB_URL", f"sqlite:///{tmp_path / 'env.db'}")
     Store()
     assert os.path.exists(tmp_path / "env.db")
+
+
+def test_a_locked_database_is_retried_until_the_lock_clears(db_url, tmp_path):
+    import threading
+    import time
+
+    store = Store(db_url, busy_timeout_s=0.1, retry_s=30)
+    run_id = store.create_run("cli", {})
+    locker = sqlite3.connect(tmp_path / "replaybench.db", isolation_level=None, check_same_thread=False)
+    locker.execute("BEGIN EXCLUSIVE")
+    threading.Timer(2.0, locker.rollback).start()
+    started = time.monotonic()
+    ids = store.add_result(run_id, known_result())
+    assert time.monotonic() - started >= 1.5  # it waited for the lock, well past its busy timeout
+    assert len(ids) == 2 and len(store.run(run_id).results) == 2
+
+
+def test_a_lock_that_never_clears_fails_after_the_retry_window(db_url, tmp_path):
+    from sqlalchemy.exc import OperationalError
+
+    store = Store(db_url, busy_timeout_s=0.05, retry_s=0.5)
+    run_id = store.create_run("cli", {})
+    locker = sqlite3.connect(tmp_path / "replaybench.db", isolation_level=None, check_same_thread=False)
+    locker.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(OperationalError, match="locked"):
+        store.add_result(run_id, known_result())
+    locker.rollback()
