@@ -157,15 +157,11 @@ class Measurement:
         if not self.workload.capturable:
             return self.skip("graph", self.workload.not_capturable_reason or "workload declares it cannot be captured")
         fn, inputs = self.built.fn, self.built.inputs
-        # A host synchronisation inside capture invalidates it and can leave the process stuck:
-        # find it with one eager call under sync debugging instead.
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            fn(*inputs)
-        except RuntimeError as exc:
-            raise ModeFailure("capture", f"cannot be captured: the call synchronizes with the host ({describe(exc)})") from exc
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        # A host synchronisation inside capture invalidates it, and on torch 2.11 an .item() during
+        # capture hung the process (seen on an H200): find it with one eager call first.
+        sync = find_host_sync(fn, inputs)
+        if sync:
+            raise ModeFailure("capture", f"cannot be captured: the call synchronizes with the host ({sync})")
         # Warm up on the stream we capture on: cuBLAS handles and workspaces are made per stream.
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -393,6 +389,60 @@ class Measurement:
                 r.host_enqueue = _series(enqueue, s)
             else:
                 r.flags.append("GPU time not measured: the stream hold never outlasted the enqueue")
+
+
+# Operators that make the host wait for the GPU: none may run while a graph is captured.
+_HOST_SYNC_OPS = {
+    "aten::item": ".item(), or a Python number taken from a tensor",
+    "aten::_local_scalar_dense": ".item(), or a Python number taken from a tensor",
+    "aten::is_nonzero": "a tensor used as a Python bool",
+    "aten::equal": "torch.equal",
+    "aten::nonzero": "nonzero (output shape depends on the data)",
+    "aten::masked_select": "boolean-mask selection (output shape depends on the data)",
+    "aten::_unique2": "unique (output shape depends on the data)",
+    "aten::unique_consecutive": "unique_consecutive (output shape depends on the data)",
+}
+
+
+def find_host_sync(fn: Callable[..., Any], inputs: tuple) -> str | None:
+    """Run ``fn(*inputs)`` once and name the first operation that would wait on the host, or None.
+
+    A dispatch mode sees every operator the call runs, which torch's sync debug mode does not
+    (it missed an .item() on torch 2.11).
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Finder(TorchDispatchMode):
+        found: str | None = None
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = func._schema.name
+            if self.found is None:
+                if name in _HOST_SYNC_OPS:
+                    self.found = f"{name}: {_HOST_SYNC_OPS[name]}"
+                elif name == "aten::index" and any(
+                    isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]
+                ):
+                    self.found = "aten::index: boolean-mask indexing (output shape depends on the data)"
+                elif name in ("aten::_to_copy", "aten::copy_") and _to_host(name, args, kwargs):
+                    self.found = f"{name}: a copy from the GPU to the CPU (.cpu(), .tolist(), .numpy())"
+            return func(*args, **kwargs)
+
+    finder = Finder()
+    with finder:
+        fn(*inputs)
+    return finder.found
+
+
+def _to_host(name: str, args, kwargs) -> bool:
+    source = args[1] if name == "aten::copy_" else args[0]
+    if not (isinstance(source, torch.Tensor) and source.is_cuda):
+        return False
+    if name == "aten::copy_":
+        return args[0].device.type == "cpu"
+    device = kwargs.get("device")
+    return device is not None and torch.device(device).type == "cpu"
 
 
 def _series(blocks: list[float], s: MeasureSettings) -> Series:

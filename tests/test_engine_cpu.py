@@ -93,3 +93,17 @@ def test_a_mode_that_failed_gets_no_speedup_and_noise_is_flagged():
     assert result.mode("graph").speedup is None
     flags = " ".join(result.mode("eager").flags)
     assert "high spread" in flags and "GPU throttled before measuring: hardware slowdown" in flags
+
+
+def test_host_synchronisation_is_found_before_capture(fault_registry):
+    from replaybench.engine import find_host_sync
+
+    registry = fault_registry
+    with torch.inference_mode():
+        sync = registry.get("fault_host_sync").build({"batch_size": 1}, torch.device("cpu"), torch.float32)
+        assert ".item()" in find_host_sync(sync.fn, sync.inputs)
+        seed = registry.get("seed_mlp").build({"batch_size": 1, "width": 128}, torch.device("cpu"), torch.float32)
+        assert find_host_sync(seed.fn, seed.inputs) is None
+        bool_use = find_host_sync(lambda x: x * 2 if bool(x.sum() > 0) else x, (torch.ones(3),))
+        assert "aten::is_nonzero: a tensor used as a Python bool" == bool_use
+        assert "boolean-mask" in find_host_sync(lambda x: x[x > 0], (torch.randn(8),))
