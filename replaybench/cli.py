@@ -17,6 +17,7 @@ import sys
 
 from pydantic import ValidationError
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .report import REPORTS_VARIABLE, TEMPLATES_VARIABLE, ReportError, check_writable, reports_dir, write_report
@@ -81,6 +82,21 @@ def _parser() -> argparse.ArgumentParser:
     common(runs, report=False)
 
     sub.add_parser("workloads", help="list the registered workloads")
+
+    serve = sub.add_parser("serve", help="serve the nightly, adhoc and shard deployments from this process")
+    serve.add_argument("--cron", default=None, help="nightly schedule (env REPLAYBENCH_NIGHTLY_CRON; default '0 2 * * *')")
+    serve.add_argument("--timezone", default=None, help="timezone of the schedule (env REPLAYBENCH_TIMEZONE; default UTC)")
+    serve.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0"), help="GPU index of this box")
+    common(serve)
+
+    setup = sub.add_parser("setup", help="create the work pool and one concurrency limit per GPU (idempotent)")
+    setup.add_argument("--pool", default="gpu")
+    setup.add_argument("--gpus", default="0", help="comma-separated GPU indices of this host")
+
+    worker = sub.add_parser("worker", help="start a Prefect process worker pinned to one GPU")
+    worker.add_argument("--pool", default="gpu")
+    worker.add_argument("--gpu", required=True, help="GPU index on this host (sets CUDA_VISIBLE_DEVICES)")
+    common(worker)
     return parser
 
 
@@ -119,16 +135,25 @@ def cmd_run(args) -> int:
     configs = parameters.configs(load_registry())
     check_writable(reports_dir(args.reports), create=False)
     _store(args)  # reachable and migrated, before any measuring
-    # The flow reads these settings from the environment, as it does on a worker.
-    for variable, value in ((URL_VARIABLE, args.db), (REPORTS_VARIABLE, args.reports), (TEMPLATES_VARIABLE, args.templates)):
-        if value:
-            os.environ[variable] = value
+    _settings_to_environment(args)  # the flow reads them from there, as it does on a worker
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     console.print(f"measuring {len(configs)} config(s), modes: {', '.join(parameters.modes)}")
-    from flows.benchmark import benchmark
+    import flows.benchmark as flows_benchmark
 
-    run_id = benchmark(parameters=parameters, trigger=args.trigger)
+    with Progress(
+        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console, transient=False,
+    ) as progress:
+        bar = progress.add_task("measuring", total=len(configs))
+
+        def advance(done: int, total: int, line: str) -> None:
+            progress.update(bar, completed=done, description=line.split(":")[0])
+
+        flows_benchmark.progress_hook = advance
+        run_id = flows_benchmark.benchmark(
+            parameters=flows_benchmark.FlowParameters(**parameters.model_dump()), trigger=args.trigger
+        )
     run = Store(args.db).run(run_id)
     path = reports_dir(args.reports) / f"{run_id}.md"
     print(f"run {run_id} {run.status.replace('_', ' ')}: report {path} (also {path.parent / 'latest.md'})")
@@ -166,9 +191,49 @@ def cmd_workloads(args) -> int:
     return 0
 
 
+def _settings_to_environment(args) -> None:
+    """Flow runs read the store, report and template settings from the environment."""
+    for variable, name in ((URL_VARIABLE, "db"), (REPORTS_VARIABLE, "reports"), (TEMPLATES_VARIABLE, "templates")):
+        if getattr(args, name, None):
+            os.environ[variable] = getattr(args, name)
+
+
+def cmd_serve(args) -> int:
+    from flows.deployments import NIGHTLY_CRON, TIMEZONE
+    from flows.orchestration import serve
+
+    _store(args)
+    check_writable(reports_dir(args.reports))
+    _settings_to_environment(args)
+    serve(args.cron or NIGHTLY_CRON, args.timezone or TIMEZONE, args.gpu)
+    return 0
+
+
+def cmd_setup(args) -> int:
+    from flows.orchestration import setup
+
+    for name in setup(args.pool, [g.strip() for g in args.gpus.split(",") if g.strip()]):
+        print(f"concurrency limit {name}: 1")
+    print(f"work pool {args.pool}: process")
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from flows.orchestration import start_worker
+
+    _store(args)
+    check_writable(reports_dir(args.reports))
+    _settings_to_environment(args)
+    start_worker(args.pool, args.gpu)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handler = {"run": cmd_run, "report": cmd_report, "runs": cmd_runs, "workloads": cmd_workloads}[args.command]
+    handler = {
+        "run": cmd_run, "report": cmd_report, "runs": cmd_runs, "workloads": cmd_workloads,
+        "serve": cmd_serve, "setup": cmd_setup, "worker": cmd_worker,
+    }[args.command]
     try:
         return handler(args)
     except (UsageError, WorkloadError, StoreError, ReportError) as exc:

@@ -6,7 +6,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.benchmark import benchmark
-from replaybench.params import RunParameters
+from flows.benchmark import FlowParameters as RunParameters
 from replaybench.storage import Store
 
 pytestmark = pytest.mark.slow
@@ -49,7 +49,16 @@ def test_flow_measures_stores_and_reports(harness, settings):
 
 def test_flow_rejects_an_unknown_workload_before_writing_anything(harness, settings):
     db_url, reports = settings
-    with pytest.raises(Exception, match="unknown workload 'nope'"):
-        benchmark(parameters=RunParameters(workloads=["nope"]), trigger="adhoc")
+    with pytest.raises(Exception, match="nope"):  # refused by the parameter schema: not a registered workload
+        benchmark(parameters={"workloads": ["nope"]}, trigger="adhoc")
     assert not (reports / "latest.md").exists()
     assert Store(db_url).runs() == []
+
+
+def test_a_missing_gpu_limit_is_an_error_not_a_free_for_all(harness, settings, monkeypatch):
+    db_url, _ = settings
+    monkeypatch.setenv("REPLAYBENCH_GPU_LIMIT", "replaybench-gpu-nowhere-9")
+    with pytest.raises(Exception, match="replaybench-gpu-nowhere-9"):
+        benchmark(parameters=RunParameters(workloads=["seed_mlp"], time_budget_s=0.2, processes=1), trigger="adhoc")
+    run = Store(db_url).run()
+    assert run.status == "failed" and run.results == []

@@ -1,0 +1,34 @@
+"""Deployments: ``nightly`` (cron schedule, the default suite), ``adhoc`` (no schedule, started from
+the Prefect UI's run form) and ``shard`` (started by a sharded nightly run). ``replaybench serve``
+serves all three from one process on a single box; ``prefect.yaml`` declares the same three for a
+work pool of GPU workers."""
+
+from __future__ import annotations
+
+import os
+
+from prefect.schedules import Cron
+
+from flows.benchmark import benchmark, shard
+
+NIGHTLY_CRON = os.environ.get("REPLAYBENCH_NIGHTLY_CRON", "0 2 * * *")
+TIMEZONE = os.environ.get("REPLAYBENCH_TIMEZONE", "UTC")
+
+
+def deployments(cron: str = NIGHTLY_CRON, timezone: str = TIMEZONE, shards: int = 1):
+    return [
+        benchmark.to_deployment(
+            name="nightly",
+            schedules=[Cron(cron, timezone=timezone)],
+            parameters={"trigger": "nightly", "shards": shards},
+            description="The default suite, every night.",
+            tags=["replaybench"],
+        ),
+        benchmark.to_deployment(
+            name="adhoc",
+            parameters={"trigger": "adhoc"},
+            description="An ad-hoc run: choose workloads, batch sizes, dtypes and modes in the form.",
+            tags=["replaybench"],
+        ),
+        shard.to_deployment(name="shard", description="A share of a sharded run.", tags=["replaybench"]),
+    ]

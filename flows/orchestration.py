@@ -1,0 +1,68 @@
+"""Work pool, per-GPU concurrency limits, workers and serving: idempotent, safe to run again."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.exceptions import ObjectAlreadyExists
+
+from flows.benchmark import GPU_LIMIT_VARIABLE
+
+DEFAULT_POOL = "gpu"
+
+
+def gpu_limit_name(gpu: str, host: str | None = None) -> str:
+    """One global concurrency limit per physical GPU: host plus the GPU's index on that host."""
+    return f"replaybench-gpu-{host or socket.gethostname()}-{gpu}"
+
+
+def ensure_gpu_limit(name: str) -> None:
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(name, 1)
+
+
+def ensure_pool(pool: str = DEFAULT_POOL) -> bool:
+    """Create the process work pool; False if it existed already."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+            return True
+        except ObjectAlreadyExists:
+            return False
+
+
+def setup(pool: str, gpus: list[str]) -> list[str]:
+    ensure_pool(pool)
+    names = [gpu_limit_name(g) for g in gpus]
+    for name in names:
+        ensure_gpu_limit(name)
+    return names
+
+
+def start_worker(pool: str, gpu: str) -> None:
+    """Replace this process with a Prefect process worker pinned to one GPU. Flow runs it starts
+    inherit the GPU and the name of its concurrency limit."""
+    name = gpu_limit_name(gpu)
+    ensure_pool(pool)
+    ensure_gpu_limit(name)
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    os.environ[GPU_LIMIT_VARIABLE] = name
+    prefect = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", "1",
+               "--name", f"replaybench-{socket.gethostname()}-gpu{gpu}"]
+    os.execv(sys.executable, prefect)
+
+
+def serve(cron: str, timezone: str, gpu: str) -> None:
+    """Serve nightly, adhoc and shard from this process (a single box, no work pool)."""
+    from prefect import serve as prefect_serve
+
+    from flows.deployments import deployments
+
+    name = gpu_limit_name(gpu)
+    ensure_gpu_limit(name)
+    os.environ[GPU_LIMIT_VARIABLE] = name
+    prefect_serve(*deployments(cron, timezone), limit=1)

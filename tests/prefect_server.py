@@ -1,0 +1,67 @@
+"""A real `prefect server start` for end-to-end tests, on a free local port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def prefect_server(home, extra_env: dict | None = None):
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_API_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
+        **(extra_env or {}),
+    }
+    env.pop("PREFECT_API_URL", None)
+    log = open(os.path.join(home, "server.log"), "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"prefect server exited: {open(log.name).read()[-2000:]}")
+            time.sleep(0.5)
+        else:
+            raise RuntimeError("prefect server did not start within 120 s")
+        yield url
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        log.close()
+
+
+@contextmanager
+def background(args, env, log_path):
+    log = open(log_path, "w")
+    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield proc
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        log.close()
