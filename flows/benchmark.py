@@ -34,6 +34,8 @@ from replaybench.workload import BenchConfig, WorkloadError, check_batch_size, c
 
 Trigger = Literal["nightly", "adhoc", "cli"]
 GPU_LIMIT_VARIABLE = "REPLAYBENCH_GPU_LIMIT"
+POOL_VARIABLE = "REPLAYBENCH_POOL"
+GPU_QUEUE_PREFIX = "gpu-"
 SHARD_DEPLOYMENT = "replaybench-shard/shard"
 
 # The run form in the Prefect UI offers the registered workloads, and the server refuses others.
@@ -125,6 +127,7 @@ def run_shards(run_id: int, configs: list[BenchConfig], parameters: RunParameter
     from prefect.deployments import run_deployment
 
     logger = get_run_logger()
+    queues = gpu_queues()
     started = []
     for index, shard in enumerate(split(configs, shards)):
         run = run_deployment(
@@ -135,10 +138,12 @@ def run_shards(run_id: int, configs: list[BenchConfig], parameters: RunParameter
                 "configs": [{"workload": c.workload, "params": c.params} for c in shard],
             },
             flow_run_name=f"shard-{index + 1}-of-{shards}-run-{run_id}",
+            work_queue_name=queues[index % len(queues)] if queues else None,
             timeout=0,  # start it and go on; all shards run at once on the pool's workers
+            as_subflow=False,
         )
         started.append((index + 1, run.id))
-        logger.info("shard %d: %d config(s), flow run %s", index + 1, len(shard), run.id)
+        logger.info("shard %d: %d config(s), flow run %s, queue %s", index + 1, len(shard), run.id, run.work_queue_name)
     deadline = time.monotonic() + parameters.timeout_s * 2 * len(configs) + 3600
     pending = dict(started)
     states: dict[int, Any] = {}
@@ -157,7 +162,18 @@ def run_shards(run_id: int, configs: list[BenchConfig], parameters: RunParameter
     return "; ".join(failed) or None
 
 
-@flow(name="replaybench-shard", flow_run_name="replaybench-shard")
+def gpu_queues() -> list[str]:
+    """The per-GPU work queues of this run's pool (one per worker), so that shards spread over GPUs."""
+    from prefect.client.orchestration import get_client
+
+    pool = os.environ.get(POOL_VARIABLE)
+    if not pool:
+        return []
+    with get_client(sync_client=True) as client:
+        return sorted(q.name for q in client.read_work_queues(work_pool_name=pool) if q.name.startswith(GPU_QUEUE_PREFIX))
+
+
+@flow(name="replaybench-shard")
 def shard(run_id: int, parameters: FlowParameters, configs: list[dict[str, Any]]) -> int:
     """Measure a share of a run's configs into that run (started by ``benchmark`` with shards)."""
     registry = load_registry()

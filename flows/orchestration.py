@@ -10,7 +10,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.exceptions import ObjectAlreadyExists
 
-from flows.benchmark import GPU_LIMIT_VARIABLE
+from flows.benchmark import GPU_LIMIT_VARIABLE, GPU_QUEUE_PREFIX, POOL_VARIABLE
 
 DEFAULT_POOL = "gpu"
 
@@ -18,6 +18,10 @@ DEFAULT_POOL = "gpu"
 def gpu_limit_name(gpu: str, host: str | None = None) -> str:
     """One global concurrency limit per physical GPU: host plus the GPU's index on that host."""
     return f"replaybench-gpu-{host or socket.gethostname()}-{gpu}"
+
+
+def gpu_queue_name(gpu: str, host: str | None = None) -> str:
+    return f"{GPU_QUEUE_PREFIX}{host or socket.gethostname()}-{gpu}"
 
 
 def ensure_gpu_limit(name: str) -> None:
@@ -35,23 +39,36 @@ def ensure_pool(pool: str = DEFAULT_POOL) -> bool:
             return False
 
 
+def ensure_queue(pool: str, queue: str) -> None:
+    """A worker polling a queue that does not exist picks up nothing at all: create it first."""
+    with get_client(sync_client=True) as client:
+        try:
+            client.create_work_queue(name=queue, work_pool_name=pool)
+        except ObjectAlreadyExists:
+            pass
+
+
 def setup(pool: str, gpus: list[str]) -> list[str]:
     ensure_pool(pool)
     names = [gpu_limit_name(g) for g in gpus]
-    for name in names:
+    for gpu, name in zip(gpus, names):
         ensure_gpu_limit(name)
+        ensure_queue(pool, gpu_queue_name(gpu))
     return names
 
 
 def start_worker(pool: str, gpu: str) -> None:
     """Replace this process with a Prefect process worker pinned to one GPU. Flow runs it starts
     inherit the GPU and the name of its concurrency limit."""
-    name = gpu_limit_name(gpu)
-    ensure_pool(pool)
-    ensure_gpu_limit(name)
+    (name,) = setup(pool, [gpu])
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     os.environ[GPU_LIMIT_VARIABLE] = name
-    prefect = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", "1",
+    os.environ[POOL_VARIABLE] = pool
+    # Two slots: a sharded run's parent only waits, so it must not keep a shard from this worker;
+    # the GPU's concurrency limit still lets one measurement at a time onto the GPU. The worker's
+    # own queue lets a sharded run send each shard to a different GPU.
+    prefect = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", "2",
+               "--work-queue", "default", "--work-queue", gpu_queue_name(gpu),
                "--name", f"replaybench-{socket.gethostname()}-gpu{gpu}"]
     os.execv(sys.executable, prefect)
 

@@ -118,3 +118,12 @@ def test_a_lock_that_never_clears_fails_after_the_retry_window(db_url, tmp_path)
     with pytest.raises(OperationalError, match="locked"):
         store.add_result(run_id, known_result())
     locker.rollback()
+
+
+def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path):
+    url = f"sqlite:///{tmp_path / 'new.db'}"
+    code = f"from replaybench.storage import Store; Store({url!r}).create_run('cli', {{}})"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, errors
+    assert len(Store(url).runs()) == 4
