@@ -1,8 +1,9 @@
 """The ``replaybench`` command.
 
     replaybench run [--workload NAME ...] [--batch-size N ...] [--dtype D ...] [--mode M ...]
-    replaybench report [RUN]
-    replaybench runs
+    replaybench report [RUN] [--baseline RUN]
+    replaybench compare A B [--format table|markdown|json]
+    replaybench runs [--format table|json]
     replaybench workloads
 
 Every option is validated before anything is measured or written; a bad one ends the command with
@@ -12,6 +13,7 @@ one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -77,9 +79,18 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("run_id", nargs="?", type=int, metavar="RUN", help="run id; default: the latest run")
     common(report)
 
+    report.add_argument("--baseline", type=int, metavar="RUN", help="judge against this pinned run instead of the history")
+
     runs = sub.add_parser("runs", help="list stored runs")
     runs.add_argument("--limit", type=int, default=20)
+    runs.add_argument("--format", choices=("table", "json"), default="table")
     common(runs, report=False)
+
+    compare = sub.add_parser("compare", help="compare run B against run A, with verdicts")
+    compare.add_argument("base", type=int, metavar="A")
+    compare.add_argument("run", type=int, metavar="B")
+    compare.add_argument("--format", choices=("table", "markdown", "json"), default="table")
+    common(compare, report=False)
 
     sub.add_parser("workloads", help="list the registered workloads")
 
@@ -163,19 +174,65 @@ def cmd_run(args) -> int:
 def cmd_report(args) -> int:
     store = _store(args)
     run_id = store.run(args.run_id).id
-    _, text = write_report(store, run_id, args.reports, args.templates)
+    if args.baseline is not None:
+        store.run(args.baseline)  # exists
+    _, text = write_report(store, run_id, args.reports, args.templates, baseline=args.baseline)
     sys.stdout.write(text)
     return 0
 
 
 def cmd_runs(args) -> int:
-    table = Table("run", "trigger", "started (UTC)", "status", "results", "GPU", "torch")
-    for run in _store(args).runs(args.limit):
-        table.add_row(
-            str(run.id), run.trigger, run.started_at.strftime("%Y-%m-%d %H:%M"), run.status,
-            str(len(run.results)) if "results" in run.__dict__ else "", run.gpu_name or "none", run.torch_version or "",
-        )
+    runs = _store(args).runs(args.limit)
+    if args.format == "json":
+        fields = ("id", "trigger", "status", "host", "gpu_name", "gpu_driver", "cuda_version", "torch_version", "git_commit", "error")
+        rows = [{**{f: getattr(r, f) for f in fields}, "started_at": r.started_at.isoformat(),
+                 "ended_at": r.ended_at.isoformat() if r.ended_at else None} for r in runs]
+        print(json.dumps(rows, indent=2))
+        return 0
+    table = Table("run", "trigger", "started (UTC)", "status", "GPU", "torch", "commit")
+    for run in runs:
+        table.add_row(str(run.id), run.trigger, run.started_at.strftime("%Y-%m-%d %H:%M"), run.status,
+                      run.gpu_name or "none", run.torch_version or "", (run.git_commit or "")[:10])
     Console().print(table)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from .report import md_cell, params_label
+    from .verdicts import compare_runs
+
+    rows = []
+    for r, j in compare_runs(_store(args), args.base, args.run):
+        figure = "speedup" if r.mode != "eager" else "throughput_s"
+        rows.append({
+            "workload": r.workload, "params": r.params, "mode": r.mode, "figure": figure,
+            "value": getattr(r, figure), "baseline": j.baseline, "change": j.change,
+            "verdict": j.verdict.value, "reason": j.reason,
+        })
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = ("workload", "config", "mode", "figure", f"run {args.base}", f"run {args.run}", "change", "verdict")
+
+    def cells(row):
+        fmt = (lambda v: "n/a" if v is None else f"{v * 1e6:.2f} us") if row["figure"] == "throughput_s" else (
+            lambda v: "n/a" if v is None else f"{v:.2f}x")
+        change = "n/a" if row["change"] is None else f"{row['change']:+.1%}"
+        return (row["workload"], params_label(row["params"]), row["mode"], row["figure"].replace("_s", ""),
+                fmt(row["baseline"]), fmt(row["value"]), change, row["verdict"])
+
+    if args.format == "markdown":
+        print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+        for row in rows:
+            print("| " + " | ".join(md_cell(c) for c in cells(row)) + " |")
+        return 0
+    table = Table(*header)
+    for row in rows:
+        style = {"SLOWER": "red", "FASTER": "green"}.get(row["verdict"])
+        table.add_row(*cells(row), style=style)
+    Console().print(table)
+    slower = sum(row["verdict"] == "SLOWER" for row in rows)
+    console.print(f"{slower} slower, {sum(row['verdict'] == 'FASTER' for row in rows)} faster of {len(rows)} compared")
     return 0
 
 
@@ -232,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {
         "run": cmd_run, "report": cmd_report, "runs": cmd_runs, "workloads": cmd_workloads,
-        "serve": cmd_serve, "setup": cmd_setup, "worker": cmd_worker,
+        "serve": cmd_serve, "setup": cmd_setup, "worker": cmd_worker, "compare": cmd_compare,
     }[args.command]
     try:
         return handler(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from .results import MODE_LABELS, MODES
 from .storage import Result, Run, Store
+from .verdicts import run_verdicts
 
 TEMPLATES_VARIABLE = "REPLAYBENCH_TEMPLATES"
 REPORTS_VARIABLE = "REPLAYBENCH_REPORTS_DIR"
@@ -85,6 +87,14 @@ def mib(n) -> str:
     return "n/a" if n is None else f"{n / 2**20:,.1f}"
 
 
+def verdict(j) -> str:
+    """'SLOWER (+6.1%)': the verdict and the relative change of the judged figure."""
+    if j is None:
+        return "n/a"
+    change = f" ({j.change:+.1%})" if j.change is not None and j.verdict.value in ("FASTER", "SLOWER", "SAME") else ""
+    return f"**{j.verdict.value}**{change}" if j.verdict.value in ("FASTER", "SLOWER") else f"{j.verdict.value}{change}"
+
+
 def params_label(params: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
 
@@ -120,10 +130,15 @@ def geometric_mean(values) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-def context(run: Run) -> dict:
+def context(run: Run, store: Store | None = None, baseline: int | None = None) -> dict:
     results = list(run.results)
     speedups = [r.speedup for r in results if r.mode == "graph" and r.status == "ok"]
+    verdicts = run_verdicts(store, run, baseline) if store is not None else {}
+    counts = Counter(j.verdict.value for j in verdicts.values())
     return {
+        "verdicts": verdicts,
+        "verdict_counts": counts,
+        "baseline": baseline,
         "run": run,
         "sections": group(results),
         "failures": [r for r in results if r.status in ("failed", "crashed")],
@@ -149,18 +164,18 @@ def environment(template_dir: str | os.PathLike | None = None) -> Environment:
         keep_trailing_newline=True,
         autoescape=False,  # markdown, not HTML: untrusted text goes through md_cell instead
     )
-    env.filters.update(cell=md_cell, us=us, times=times, pct=pct, ms=ms, mib=mib, params=params_label)
+    env.filters.update(cell=md_cell, us=us, times=times, pct=pct, ms=ms, mib=mib, params=params_label, verdict=verdict)
     return env
 
 
-def render(run: Run, template_dir=None, template: str = "report.md.j2") -> str:
-    return environment(template_dir).get_template(template).render(**context(run))
+def render(run: Run, template_dir=None, template: str = "report.md.j2", store: Store | None = None, baseline: int | None = None) -> str:
+    return environment(template_dir).get_template(template).render(**context(run, store, baseline))
 
 
-def write_report(store: Store, run_id: int, directory=None, template_dir=None) -> tuple[Path, str]:
+def write_report(store: Store, run_id: int, directory=None, template_dir=None, baseline: int | None = None) -> tuple[Path, str]:
     """Render run ``run_id`` to ``<dir>/<run id>.md`` and ``<dir>/latest.md``; returns (path, text)."""
     directory = check_writable(reports_dir(directory))
-    text = render(store.run(run_id), template_dir)
+    text = render(store.run(run_id), template_dir, store=store, baseline=baseline)
     path = directory / f"{run_id}.md"
     for target in (path, directory / "latest.md"):
         tmp = target.with_suffix(".md.tmp")

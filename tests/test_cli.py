@@ -108,3 +108,26 @@ def test_a_killed_run_is_marked_crashed_at_the_next_start_with_finished_results_
     assert run.status == "crashed" and "ended before the run finished" in run.error
     assert {(r.params["width"], r.mode) for r in run.results} == {(128, "eager"), (128, "graph")}
     assert next(r for r in run.results if r.mode == "eager").throughput_s > 0
+
+
+def test_compare_and_runs_for_people_and_scripts(tmp_path):
+    import json
+
+    store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
+    env = {"torch": "2.11.0", "gpu_name": "NVIDIA H200"}
+    a = store.create_run("nightly", {}, env)
+    store.add_result(a, known_result(eager_us=45.0, graph_us=6.5))
+    b = store.create_run("nightly", {}, env)
+    store.add_result(b, known_result(eager_us=60.0, graph_us=6.5))
+    out = replaybench("compare", str(a), str(b), "--format", "json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = {r["mode"]: r for r in json.loads(out.stdout)}
+    assert rows["eager"]["verdict"] == "SLOWER" and abs(rows["eager"]["change"] - 60 / 45 + 1) < 1e-9
+    assert rows["graph"]["verdict"] == "FASTER"  # the speedup went up: better for graphs
+    md = replaybench("compare", str(a), str(b), "--format", "markdown", cwd=tmp_path)
+    assert "| seed_mlp | batch_size=1, dtype=float32, width=128 | eager | throughput | 45.00 us | 60.00 us | +33.3% | SLOWER |" in md.stdout
+    table = replaybench("compare", str(a), str(b), cwd=tmp_path)
+    assert table.returncode == 0 and "1 slower, 1 faster of 2 compared" in table.stderr
+    runs = json.loads(replaybench("runs", "--format", "json", cwd=tmp_path).stdout)
+    assert [r["id"] for r in runs] == [b, a] and runs[0]["gpu_name"] == "NVIDIA H200"
+    assert replaybench("compare", str(a), "99", cwd=tmp_path).returncode == 2

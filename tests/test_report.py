@@ -14,6 +14,10 @@ def table_rows(markdown: str, first_cell: str):
     ]
 
 
+def section(markdown: str, workload: str) -> str:
+    return markdown.split(f"## {workload}\n", 1)[1].split("\n## ", 1)[0]
+
+
 def stored_run(db_url, *results):
     store = Store(db_url)
     run_id = store.create_run("cli", {}, {"torch": "2.11.0", "gpu_name": "NVIDIA H200", "python": "3.12", "cpu_model": "EPYC"})
@@ -70,3 +74,44 @@ def test_a_user_template_directory_overrides_the_builtin(db_url, tmp_path):
     (mine / "report.md.j2").write_text("run {{ run.id }}: {{ sections | length }} workload(s)\n")
     _, text = write_report(store, run_id, tmp_path / "out", template_dir=mine)
     assert text == f"run {run_id}: 1 workload(s)\n"
+
+
+def test_two_runs_mark_exactly_the_slowed_workload_slower(db_url, tmp_path):
+    from replaybench.verdicts import compare_runs
+
+    env = {"torch": "2.11.0", "gpu_name": "NVIDIA H200", "gpu_driver": "580", "cuda": "13.0", "python": "3.12"}
+    store = Store(db_url)
+    first = store.create_run("nightly", {}, env)
+    for w in ("seed_mlp", "deep_mlp"):
+        store.add_result(first, known_result(workload=w, eager_us=45.0, graph_us=6.5))
+    store.finish_run(first)
+    second = store.create_run("nightly", {}, env)
+    store.add_result(second, known_result(workload="seed_mlp", eager_us=45.0, graph_us=6.5))
+    store.add_result(second, known_result(workload="deep_mlp", eager_us=60.0, graph_us=9.0))  # deliberately slowed
+    store.finish_run(second)
+
+    verdicts = {(r.workload, r.mode): j.verdict.value for r, j in compare_runs(store, first, second)}
+    assert verdicts == {("seed_mlp", "eager"): "SAME", ("seed_mlp", "graph"): "SAME",
+                        ("deep_mlp", "eager"): "SLOWER", ("deep_mlp", "graph"): "SLOWER"}
+
+    _, text = write_report(store, second, tmp_path, baseline=first)
+    assert "(baseline pinned: run 1): **2 slower**, 0 faster, 2 same" in text
+    rows = [row for row in table_rows(text, "batch_size=1") if len(row) == 11]
+    assert sorted(row[9] for row in rows if "SLOWER" in row[9]) == ["**SLOWER** (+33.3%)", "**SLOWER** (-3.7%)"]
+    assert section(text, "deep_mlp").count("SLOWER") == 2 and "SLOWER" not in section(text, "seed_mlp")
+    # Without a pinned baseline, two nights are too short a history to call a regression.
+    _, text = write_report(store, second, tmp_path)
+    assert "**0 slower**" in text
+
+
+def test_an_environment_change_is_not_a_regression(db_url, tmp_path):
+    from replaybench.verdicts import compare_runs
+
+    store = Store(db_url)
+    first = store.create_run("nightly", {}, {"torch": "2.10.0", "gpu_name": "NVIDIA H200"})
+    store.add_result(first, known_result(eager_us=45.0))
+    second = store.create_run("nightly", {}, {"torch": "2.11.0", "gpu_name": "NVIDIA H200"})
+    store.add_result(second, known_result(eager_us=90.0))
+    judgements = [j for _, j in compare_runs(store, first, second)]
+    assert {j.verdict.value for j in judgements} == {"ENV_CHANGED"}
+    assert "2.10.0 -> 2.11.0" in judgements[0].reason
