@@ -12,6 +12,7 @@ takes part; the parent waits for them and renders one report covering every shar
 from __future__ import annotations
 
 import os
+import socket
 import time
 from contextlib import nullcontext
 from typing import Annotated, Any, Callable, Literal
@@ -57,9 +58,18 @@ def measure_config(
     config: BenchConfig, settings: MeasureSettings, pool: MeasuringPool, store: Store, run_id: int
 ) -> ConfigResult:
     result = pool.measure(config, settings)
-    store.add_result(run_id, result)  # committed now: a crash later loses nothing measured
+    store.add_result(run_id, result, gpu=gpu_label(pool.environment))  # committed now: a crash later loses nothing
     get_run_logger().info(one_line(result))
     return result
+
+
+def gpu_label(environment: dict) -> str | None:
+    """'host GPU 0 (GPU-1234abcd)': which physical GPU measured a result, for sharded runs."""
+    if not environment.get("gpu_name"):
+        return None
+    index = environment.get("cuda_visible_devices") or "0"
+    uuid = (environment.get("gpu_uuid") or "")[:12]
+    return f"{environment.get('host') or socket.gethostname()} GPU {index}" + (f" ({uuid})" if uuid else "")
 
 
 def gpu_lock():

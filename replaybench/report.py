@@ -117,7 +117,11 @@ class WorkloadSection:
 
 def group(results: list[Result]) -> list[WorkloadSection]:
     sections: dict[str, WorkloadSection] = {}
-    for r in sorted(results, key=lambda r: (r.workload, r.params_key, MODES.index(r.mode) if r.mode in MODES else 99)):
+    def order(r: Result):  # numbers as numbers: depth 2, 8, 32 rather than 2, 32, 8
+        return (r.workload, tuple(sorted((k, str(type(v)), v) for k, v in r.params.items())),
+                MODES.index(r.mode) if r.mode in MODES else 99)
+
+    for r in sorted(results, key=order):
         section = sections.setdefault(r.workload, WorkloadSection(r.workload))
         if not section.configs or section.configs[-1].params != r.params:
             section.configs.append(ConfigRows(r.params))
@@ -148,6 +152,7 @@ def context(run: Run, store: Store | None = None, baseline: int | None = None) -
         "graph_configs": len(speedups),
         "mode_labels": MODE_LABELS,
         "environment": run.environment or {},
+        "gpus": sorted({r.gpu for r in results if r.gpu}),
     }
 
 

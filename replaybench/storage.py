@@ -85,6 +85,7 @@ class Result(Base):
     phase: Mapped[str | None] = mapped_column(String(32))
     reason: Mapped[str | None] = mapped_column(Text)
     device: Mapped[str | None] = mapped_column(String(255))
+    gpu: Mapped[str | None] = mapped_column(String(255))  # host, visible index and UUID of the GPU used
     cpu_core: Mapped[int | None]
     attempts: Mapped[int] = mapped_column(Integer, default=1)
     # seconds per iteration: median and its 95% CI over blocks, spread, block count
@@ -130,8 +131,8 @@ class Result(Base):
         return bool(self.flags)
 
 
-def _result_row(run_id: int, config: ConfigResult, m: ModeResult) -> Result:
-    t, lat, gpu, enq = m.throughput, m.latency, m.gpu, m.host_enqueue
+def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | None = None) -> Result:
+    t, lat, g, enq = m.throughput, m.latency, m.gpu, m.host_enqueue
     return Result(
         run_id=run_id,
         workload=config.workload,
@@ -142,6 +143,7 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult) -> Result:
         phase=m.phase,
         reason=m.reason,
         device=config.device,
+        gpu=gpu,
         cpu_core=config.cpu_core,
         attempts=config.attempts,
         throughput_s=t and t.median,
@@ -156,9 +158,9 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult) -> Result:
         latency_s=lat and lat.median,
         latency_ci_low=lat and lat.ci_low,
         latency_ci_high=lat and lat.ci_high,
-        gpu_s=gpu and gpu.median,
-        gpu_ci_low=gpu and gpu.ci_low,
-        gpu_ci_high=gpu and gpu.ci_high,
+        gpu_s=g and g.median,
+        gpu_ci_low=g and g.ci_low,
+        gpu_ci_high=g and g.ci_high,
         host_enqueue_s=enq and enq.median,
         kernels_per_iter=m.kernels_per_iter,
         launch_overhead_s=m.launch_overhead_s,
@@ -183,9 +185,9 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult) -> Result:
             "cpu_cores": config.cpu_cores,
         },
         samples={
-            **{k: s.blocks for k, s in (("throughput", t), ("latency", lat), ("gpu", gpu), ("host_enqueue", enq)) if s},
+            **{k: s.blocks for k, s in (("throughput", t), ("latency", lat), ("gpu", g), ("host_enqueue", enq)) if s},
             # blocks per measuring process, in order, for statistics that resample processes
-            "per_process": {k: s.per_process for k, s in (("throughput", t), ("latency", lat), ("gpu", gpu), ("host_enqueue", enq)) if s},
+            "per_process": {k: s.per_process for k, s in (("throughput", t), ("latency", lat), ("gpu", g), ("host_enqueue", enq)) if s},
         },
     )
 
@@ -258,7 +260,7 @@ class Store:
         with self.session.begin() as s:
             s.get(Run, run_id).flow_run_id = flow_run_id
 
-    def add_result(self, run_id: int, result: ConfigResult) -> list[int]:
+    def add_result(self, run_id: int, result: ConfigResult, gpu: str | None = None) -> list[int]:
         """Store every mode of one config in one transaction, committed before returning. A locked
         or briefly unreachable database is retried for ``retry_s`` seconds: a measurement that
         took minutes is not thrown away for a lock that clears in seconds."""
@@ -267,7 +269,7 @@ class Store:
         while True:
             try:
                 with self.session.begin() as s:
-                    rows = [_result_row(run_id, result, m) for m in result.modes]
+                    rows = [_result_row(run_id, result, m, gpu) for m in result.modes]
                     s.add_all(rows)
                     s.flush()
                     return [r.id for r in rows]

@@ -45,7 +45,7 @@ def test_failures_make_the_run_completed_with_failures(db_url):
 def test_schema_is_at_the_newest_migration(db_url, tmp_path):
     Store(db_url)
     con = sqlite3.connect(tmp_path / "replaybench.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0001",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0002",)
     assert con.execute("pragma journal_mode").fetchone() == ("wal",)
     assert {"runs", "results"} <= set(inspect(Store(db_url).engine).get_table_names())
 
@@ -127,3 +127,38 @@ def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path):
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, errors
     assert len(Store(url).runs()) == 4
+
+
+def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_path):
+    from sqlalchemy import create_engine, text
+
+    from replaybench.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = create_engine(url)
+    upgrade(engine, "0001")
+    with engine.begin() as c:
+        c.execute(text(
+            "insert into runs (id, started_at, trigger, status, environment, parameters, torch_version) "
+            "values (7, '2026-11-30 02:00:00', 'nightly', 'completed', '{\"torch\": \"2.10.0\"}', '{}', '2.10.0')"
+        ))
+        c.execute(
+            text(
+                "insert into results (run_id, measured_at, workload, params, params_key, mode, status, attempts, "
+                "throughput_s, speedup, flags, health, samples) values (7, '2026-11-30 02:01:00', 'seed_mlp', "
+                ":params, :key, 'graph', 'ok', 1, 6.5e-06, 6.9, '[]', '{}', :samples)"
+            ),
+            {"params": '{"batch_size": 1}', "key": '{"batch_size":1}', "samples": '{"throughput": [6.4e-06, 6.6e-06]}'},
+        )
+    assert "gpu" not in {c["name"] for c in inspect(engine).get_columns("results")}
+    store = Store(url)  # opening upgrades in place
+    con = sqlite3.connect(tmp_path / "old.db")
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0002",)
+    run = store.run(7)
+    assert (run.trigger, run.status, run.torch_version, run.environment) == ("nightly", "completed", "2.10.0", {"torch": "2.10.0"})
+    (result,) = run.results
+    assert (result.workload, result.mode, result.throughput_s, result.speedup) == ("seed_mlp", "graph", 6.5e-06, 6.9)
+    assert result.samples == {"throughput": [6.4e-06, 6.6e-06]} and result.gpu is None
+    new_id = store.create_run("cli", {})
+    store.add_result(new_id, known_result(), gpu="vm GPU 0")
+    assert {r.gpu for r in store.run(new_id).results} == {"vm GPU 0"}
