@@ -115,3 +115,12 @@ def test_an_environment_change_is_not_a_regression(db_url, tmp_path):
     judgements = [j for _, j in compare_runs(store, first, second)]
     assert {j.verdict.value for j in judgements} == {"ENV_CHANGED"}
     assert "2.10.0 -> 2.11.0" in judgements[0].reason
+
+
+def test_launch_overhead_is_throughput_minus_gpu_time(db_url, tmp_path):
+    store, run_id = stored_run(db_url, known_result(eager_us=45.0, graph_us=6.5))
+    _, text = write_report(store, run_id, tmp_path)
+    eager = next(r for r in table_rows(text, "batch_size=1, dtype=float32, width=128 |") if len(r) == 11 and r[1] == "eager")
+    stored = next(r for r in store.run(run_id).results if r.mode == "eager")
+    overhead = stored.throughput_s - stored.gpu_s
+    assert eager[7] == f"{overhead * 1e6:.1f} ({overhead / stored.throughput_s:.0%})"
