@@ -9,6 +9,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
 from replaybench.storage import Store
 
 from .prefect_server import background, prefect_server
@@ -29,9 +31,9 @@ def served(tmp_path_factory):
             "REPLAYBENCH_DB_URL": f"sqlite:///{work / 'replaybench.db'}",
             "REPLAYBENCH_REPORTS_DIR": str(work / "reports"),
         }
-        os.environ["PREFECT_API_URL"] = api
         args = [sys.executable, "-m", "replaybench.cli", "serve", "--cron", "0 2 * * *", "--timezone", "Europe/Berlin", "--gpu", "0"]
-        with background(args, env, work / "serve.log") as proc:
+        # Settings, not os.environ: an earlier test's Prefect context must not redirect this client.
+        with background(args, env, work / "serve.log") as proc, temporary_settings({PREFECT_API_URL: api}):
             from prefect.client.orchestration import get_client
 
             deadline = time.monotonic() + 180
@@ -46,7 +48,6 @@ def served(tmp_path_factory):
                 else:
                     pytest.fail("serve did not register its deployments: " + (work / "serve.log").read_text()[-3000:])
             yield api, work
-        os.environ.pop("PREFECT_API_URL", None)
 
 
 def test_adhoc_run_through_the_api_completes_with_database_report_and_artifact(served):
