@@ -238,7 +238,8 @@ class Store:
         except SQLAlchemyError as exc:
             url = make_url(self.url).render_as_string(hide_password=True)
             first = str(exc.orig if getattr(exc, "orig", None) else exc).splitlines()[0]
-            raise StoreError(f"cannot reach database {url!r}: {first}") from None
+            what = "cannot reach database" if isinstance(exc, OperationalError) else "cannot migrate database"
+            raise StoreError(f"{what} {url!r}: {first}") from None
 
     # -- writing ------------------------------------------------------------------------------
     def create_run(self, trigger: str, parameters: dict[str, Any], environment: dict[str, Any] | None = None) -> int:
