@@ -173,14 +173,21 @@ def environment(template_dir: str | os.PathLike | None = None) -> Environment:
     return env
 
 
-def render(run: Run, template_dir=None, template: str = "report.md.j2", store: Store | None = None, baseline: int | None = None) -> str:
-    return environment(template_dir).get_template(template).render(**context(run, store, baseline))
+def render(
+    run: Run, template_dir=None, template: str = "report.md.j2", store: Store | None = None,
+    baseline: int | None = None, plots: dict[str, str] | None = None,
+) -> str:
+    return environment(template_dir).get_template(template).render(**context(run, store, baseline), plots=plots or {})
 
 
 def write_report(store: Store, run_id: int, directory=None, template_dir=None, baseline: int | None = None) -> tuple[Path, str]:
     """Render run ``run_id`` to ``<dir>/<run id>.md`` and ``<dir>/latest.md``; returns (path, text)."""
+    from .plots import write_plots
+
     directory = check_writable(reports_dir(directory))
-    text = render(store.run(run_id), template_dir, store=store, baseline=baseline)
+    run = store.run(run_id)
+    plots = write_plots(store, run, directory)  # PNGs beside the markdown, linked from it
+    text = render(run, template_dir, store=store, baseline=baseline, plots=plots)
     path = directory / f"{run_id}.md"
     for target in (path, directory / "latest.md"):
         tmp = target.with_suffix(".md.tmp")

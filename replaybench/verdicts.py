@@ -12,6 +12,9 @@ from .history import Judgement, Point, Verdict, env_difference, judge
 from .storage import Result, Run, Store
 
 
+HISTORY_NIGHTS = 90
+
+
 def _metric(r: Result) -> tuple[float | None, float | None, float | None, bool]:
     """(value, ci_low, ci_high, higher_is_better) of the figure a row is judged on."""
     if r.mode == "eager":
@@ -56,8 +59,8 @@ def run_verdicts(store: Store, run: Run, baseline: int | None = None) -> dict[in
         current = Point(run.id, value, lo, hi, env_key(run))
         if baseline is not None:
             verdicts[r.id] = compare_points(pinned.get(key), current, higher)
-        else:
-            verdicts[r.id] = judge(history[key], current, higher)
+        else:  # the detector looks back at most a 30-night window and its levels: 90 nights suffice
+            verdicts[r.id] = judge(history[key][-HISTORY_NIGHTS:], current, higher)
     return verdicts
 
 

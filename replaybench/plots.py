@@ -1,0 +1,417 @@
+"""PNG plots of a stored run, written beside its report.
+
+Three plots of the CUDA graph replay speedup over eager (``mode == 'graph'`` rows measured ``ok``):
+
+* ``<run id>-speedup-vs-batch.png``: speedup against batch size (log2 axis), one line per workload
+  (per workload and other parameters where several configs of a workload share a batch size),
+  with the rows' 95% intervals as error bars.
+* ``<run id>-speedup-vs-kernels.png``: speedup against the kernels launched per iteration (log
+  axis), one marker and colour per workload, a line at 1x (no gain).
+* ``<run id>-trend.png``: each config's speedup over the store's runs up to this one, by the run's
+  start date, with the nightly verdicts of :func:`replaybench.history.judge_series`: FASTER nights
+  marked by green up-triangles, SLOWER nights by red down-triangles, environment changes by grey
+  dotted vertical lines. The ``TREND_LIMIT`` configs with the longest history are drawn.
+
+A plot with nothing to draw is not written. The data behind each plot comes from a small pure
+helper (:func:`batch_series`, :func:`kernel_series`, :func:`trend_series`), so that it can be
+checked without looking at pixels.
+
+Figures are built as ``matplotlib.figure.Figure`` objects on the Agg canvas, never through pyplot's
+global figure registry: nothing is left open, and plots can be written from several threads.
+
+Cost: the trend reads the history in one SELECT (results joined with their runs, filtered on the
+run's workloads, graph mode, status ok) and judges only the configs it draws. With a year of
+nightly runs of 200 results each (365 x 100 configs x eager and graph), write_plots took about 4 s
+on a slow 2-core box (the query and 12 x 365 nightly judgements about 1.3 s of it; the rest is
+drawing and PNG encoding, about 1 s a plot there).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import defaultdict
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Iterable, NamedTuple
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede any pyplot import in this process
+
+import matplotlib.dates as mdates  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+from sqlalchemy import select  # noqa: E402
+
+from .history import Point, Verdict, judge_series  # noqa: E402
+from .storage import Result, Run, Store  # noqa: E402
+
+__all__ = ["write_plots"]
+
+FIGSIZE = (8, 5)  # inches
+DPI = 100
+TREND_LIMIT = 12  # configs drawn on the trend plot: those with the most history
+MARKERS = "os^DvPX*<>hp"
+SPEEDUP_LABEL = "speedup: eager time / graph time (×)"
+
+
+class BatchPoint(NamedTuple):
+    batch_size: float
+    speedup: float
+    ci_low: float | None
+    ci_high: float | None
+
+
+class KernelPoint(NamedTuple):
+    kernels_per_iter: float
+    speedup: float
+    ci_low: float | None
+    ci_high: float | None
+    label: str  # the config, "batch_size=8, dtype=float16, width=128"
+
+
+class TrendPoint(NamedTuple):
+    run_id: int
+    speedup: float
+    verdict: Verdict
+    started_at: datetime | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    reason: str = ""
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+
+def _params_text(params: dict[str, Any], keys: Iterable[str] | None = None) -> str:
+    keys = sorted(params) if keys is None else [k for k in sorted(params) if k in set(keys)]
+    return ", ".join(f"{k}={params[k]}" for k in keys)
+
+
+def _varying(params_list: list[dict[str, Any]]) -> set[str]:
+    """The parameters whose value is not the same in every one of ``params_list``."""
+    keys = set().union(*params_list) if params_list else set()
+    return {k for k in keys if len({repr(p.get(k)) for p in params_list}) > 1}
+
+
+def _config_labels(configs: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """'workload' where a workload has one config, else 'workload (the parameters that differ
+    between its configs)': unique for distinct configs, and short."""
+    by_workload: dict[str, list[dict]] = defaultdict(list)
+    for workload, params in configs:
+        by_workload[workload].append(params)
+    varying = {w: _varying(ps) for w, ps in by_workload.items()}
+    labels = []
+    for workload, params in configs:
+        if len(by_workload[workload]) == 1 or not varying[workload]:
+            labels.append(workload)
+        else:
+            labels.append(f"{workload} ({_params_text(params, varying[workload])})")
+    return labels
+
+
+def _usable(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _graph_rows(run: Run) -> list[Result]:
+    """The run's graph rows measured ok with a speedup, one per config (the last if repeated)."""
+    rows: dict[tuple[str, str], Result] = {}
+    for r in sorted(run.results, key=lambda r: r.id or 0):
+        if r.mode == "graph" and r.status == "ok" and _usable(r.speedup):
+            rows[(r.workload, r.params_key)] = r
+    return sorted(rows.values(), key=lambda r: (r.workload, r.params_key))
+
+
+def batch_series(run: Run) -> dict[str, list[BatchPoint]]:
+    """Label -> the graph speedup at each batch size, ascending: one series per workload, or per
+    workload and other parameters where several configs of a workload share a batch size."""
+    groups: dict[str, list[Result]] = defaultdict(list)
+    for r in _graph_rows(run):
+        if _usable((r.params or {}).get("batch_size")):
+            groups[r.workload].append(r)
+    series: dict[str, list[BatchPoint]] = {}
+    for workload, rows in groups.items():
+        sizes = [r.params["batch_size"] for r in rows]
+        if len(set(sizes)) == len(sizes):
+            lines = {workload: rows}
+        else:
+            others = [{k: v for k, v in r.params.items() if k != "batch_size"} for r in rows]
+            varying = _varying(others)
+            lines = defaultdict(list)
+            for r, other in zip(rows, others):
+                lines[f"{workload} ({_params_text(other, varying)})"].append(r)
+        for label, line in lines.items():
+            series[label] = sorted(
+                (BatchPoint(r.params["batch_size"], r.speedup, r.speedup_ci_low, r.speedup_ci_high) for r in line),
+                key=lambda p: p.batch_size,
+            )
+    return series
+
+
+def kernel_series(run: Run) -> dict[str, list[KernelPoint]]:
+    """Workload -> (kernels per iteration, graph speedup) of each of its configs. The kernel count
+    is the graph row's, else the eager row's of the same config; configs without one are left out."""
+    eager_kernels = {
+        (r.workload, r.params_key): r.kernels_per_iter for r in run.results if r.mode == "eager" and _usable(r.kernels_per_iter)
+    }
+    series: dict[str, list[KernelPoint]] = defaultdict(list)
+    for r in _graph_rows(run):
+        kernels = r.kernels_per_iter if _usable(r.kernels_per_iter) else eager_kernels.get((r.workload, r.params_key))
+        if kernels is not None:
+            series[r.workload].append(KernelPoint(kernels, r.speedup, r.speedup_ci_low, r.speedup_ci_high, _params_text(r.params or {})))
+    return {w: sorted(ps) for w, ps in sorted(series.items())}
+
+
+def trend_series(store: Store, run: Run, limit: int | None = TREND_LIMIT) -> dict[str, list[TrendPoint]]:
+    """Label -> each night's graph speedup of one config measured ok in ``run``, over the store's
+    runs with id <= ``run.id`` (ordered by run id), with the verdict of ``judge_series`` on that
+    night (higher is better; each run's environment key). Only the ``limit`` configs with the most
+    nights (ties: spread over the workloads), in order of workload and parameters key."""
+    return _trend(store, run, limit)[0]
+
+
+def _trend(store: Store, run: Run, limit: int | None) -> tuple[dict[str, list[TrendPoint]], int]:
+    """trend_series, and the number of configs there were before the limit."""
+    current = _graph_rows(run)
+    if not current:
+        return {}, 0
+    configs = {(r.workload, r.params_key): r.params or {} for r in current}
+    with store.session() as s:
+        rows = s.execute(
+            select(
+                Result.workload,
+                Result.params_key,
+                Result.speedup,
+                Result.speedup_ci_low,
+                Result.speedup_ci_high,
+                Run.id,
+                Run.started_at,
+                Run.gpu_name,
+                Run.gpu_driver,
+                Run.cuda_version,
+                Run.torch_version,
+            )
+            .join(Run, Result.run_id == Run.id)
+            .where(
+                Result.run_id <= run.id,
+                Result.mode == "graph",
+                Result.status == "ok",
+                Result.speedup.is_not(None),
+                Result.workload.in_(sorted({w for w, _ in configs})),
+            )
+            .order_by(Result.run_id, Result.id)
+        ).all()
+    # One night per run and config: a repeated row replaces the earlier one of its run.
+    nights: dict[tuple[str, str], dict[int, tuple]] = defaultdict(dict)
+    for workload, key, speedup, lo, hi, run_id, started_at, *env in rows:
+        if (workload, key) in configs and _usable(speedup):
+            nights[(workload, key)][run_id] = (speedup, lo, hi, started_at, tuple(env))
+    # The longest histories; among equally long ones, one config of each workload before a second
+    # of any (a nightly run's configs all share the history: the plot then spans the workloads).
+    rank, seen = {}, defaultdict(int)
+    for c in sorted(nights):
+        rank[c], seen[c[0]] = seen[c[0]], seen[c[0]] + 1
+    chosen = sorted(nights, key=lambda c: (-len(nights[c]), rank[c], c))
+    if limit is not None:
+        chosen = chosen[:limit]
+    chosen.sort()
+    # Labelled among all the run's configs, so that a label means the same on every plot.
+    every = sorted(configs)
+    labels = dict(zip(every, _config_labels([(w, configs[(w, k)]) for w, k in every])))
+    series: dict[str, list[TrendPoint]] = {}
+    for config in chosen:
+        label = labels[config]
+        ordered = sorted(nights[config].items())
+        points = [Point(run_id, v, lo, hi, env) for run_id, (v, lo, hi, _, env) in ordered]
+        judgements = judge_series(points, higher_is_better=True)
+        series[label] = [
+            TrendPoint(run_id, v, j.verdict, started_at, lo, hi, j.reason)
+            for (run_id, (v, lo, hi, started_at, _)), j in zip(ordered, judgements)
+        ]
+    return series, len(nights)
+
+
+# -- drawing -------------------------------------------------------------------------------------
+
+
+def _figure() -> tuple[Figure, Any]:
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _title(run: Run, what: str) -> str:
+    env = ", ".join(str(x) for x in (run.gpu_name, run.started_at and f"{run.started_at:%Y-%m-%d}") if x)
+    return f"Run {run.id}: {what}" + (f"\n{env}" if env else "")
+
+
+def _yerr(points) -> list[list[float]]:
+    """Asymmetric error bars from the intervals; none (0) where an interval is missing."""
+    low = [max(p.speedup - p.ci_low, 0.0) if p.ci_low is not None else 0.0 for p in points]
+    high = [max(p.ci_high - p.speedup, 0.0) if p.ci_high is not None else 0.0 for p in points]
+    return [low, high]
+
+
+def _legend(ax, n: int, title: str | None = None) -> None:
+    if n:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title=title, title_fontsize=8, frameon=False)
+
+
+def _log_ticks(axis, values: list[float], at: list[float] | None = None) -> None:
+    """Ticks of a log axis as plain numbers (2, 5, 10, 20; not 10^1), enough of them to read a
+    value off an axis that spans less than a decade: at ``at``, else at nice numbers."""
+    lo, hi = min(values), max(values)
+    if at is not None:
+        axis.set_major_locator(FixedLocator(at))
+    elif hi / lo > 1000:
+        return  # several decades: matplotlib's powers of ten read best
+    else:
+        subs = (1.0, 2.0, 5.0) if hi / lo > 30 else (1.0, 2.0, 3.0, 5.0, 7.0) if hi / lo > 3 else tuple(range(1, 10))
+        axis.set_major_locator(LogLocator(base=10, subs=subs))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _style(i: int) -> dict[str, Any]:
+    colors = matplotlib.colormaps["tab10"].colors
+    return {"color": colors[i % 10], "marker": MARKERS[i % len(MARKERS)], "linestyle": "-" if i < 10 else "--"}
+
+
+def _save(fig: Figure, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        fig.savefig(tmp, dpi=DPI, format="png")
+        os.replace(tmp, path)  # a reader never sees a half-written image
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _plot_batch(run: Run, series: dict[str, list[BatchPoint]], path: Path) -> None:
+    fig, ax = _figure()
+    sizes = sorted({p.batch_size for ps in series.values() for p in ps})
+    for i, (label, ps) in enumerate(series.items()):
+        st = _style(i)
+        ax.errorbar([p.batch_size for p in ps], [p.speedup for p in ps], yerr=_yerr(ps), label=label, capsize=3,
+                    markersize=5, linewidth=1.5, **st)
+    ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle="--")
+    ax.set_xscale("log", base=2)
+    _log_ticks(ax.xaxis, sizes, at=sizes)
+    if len(sizes) == 1:
+        ax.set_xlim(sizes[0] / 2, sizes[0] * 2)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("batch size (samples per iteration, log2 scale)")
+    ax.set_ylabel(SPEEDUP_LABEL)
+    fig.suptitle(_title(run, "CUDA graph replay speedup vs batch size (95% CI)"), fontsize=11)
+    ax.grid(True, which="major", alpha=0.3)
+    _legend(ax, len(series), "workload")
+    _save(fig, path)
+
+
+def _plot_kernels(run: Run, series: dict[str, list[KernelPoint]], path: Path) -> None:
+    fig, ax = _figure()
+    for i, (workload, ps) in enumerate(series.items()):
+        st = _style(i)
+        ax.errorbar([p.kernels_per_iter for p in ps], [p.speedup for p in ps], yerr=_yerr(ps), label=workload,
+                    linestyle="none", marker=st["marker"], color=st["color"], capsize=3, markersize=6)
+    ax.axhline(1.0, color="0.3", linewidth=1, linestyle="--", label="1× (no gain)")
+    ax.set_xscale("log")
+    kernels = [p.kernels_per_iter for ps in series.values() for p in ps]
+    _log_ticks(ax.xaxis, kernels)
+    if max(kernels) == min(kernels):
+        ax.set_xlim(min(kernels) / 2, max(kernels) * 2)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("kernels launched per iteration (count, log scale)")
+    ax.set_ylabel(SPEEDUP_LABEL)
+    fig.suptitle(_title(run, "CUDA graph replay speedup vs kernels per iteration (95% CI)"), fontsize=11)
+    ax.grid(True, which="major", alpha=0.3)
+    _legend(ax, len(series) + 1, "workload")
+    _save(fig, path)
+
+
+def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limited: bool) -> None:
+    fig, ax = _figure()
+    undated = any(p.started_at is None for ps in series.values() for p in ps)
+    x = (lambda p: p.run_id) if undated else (lambda p: p.started_at)
+    env_changes, marked = set(), set()
+    for i, (label, ps) in enumerate(series.items()):
+        st = _style(i)
+        ax.plot([x(p) for p in ps], [p.speedup for p in ps], label=label, color=st["color"], linestyle=st["linestyle"],
+                marker="." if len(ps) > 1 else "o", markersize=4 if len(ps) > 1 else 6, linewidth=1.2)
+        for verdict, marker, color in ((Verdict.FASTER, "^", "tab:green"), (Verdict.SLOWER, "v", "tab:red")):
+            hits = [p for p in ps if p.verdict is verdict]
+            if hits:
+                marked.add(verdict)
+                ax.scatter([x(p) for p in hits], [p.speedup for p in hits], marker=marker, s=70, color=color,
+                           edgecolors="black", linewidths=0.6, zorder=5)
+        env_changes.update(x(p) for p in ps if p.verdict is Verdict.ENV_CHANGED)
+    for at in sorted(env_changes):
+        ax.axvline(at, color="0.5", linestyle=":", linewidth=1.2, zorder=0)
+    values = [p.speedup for ps in series.values() for p in ps]
+    xs = [x(p) for ps in series.values() for p in ps]
+    if min(xs) == max(xs):  # one night: a day either side, not matplotlib's default of years
+        ax.set_xlim(xs[0] - (1 if undated else timedelta(days=1)), xs[0] + (1 if undated else timedelta(days=1)))
+    low, high = ax.get_ylim()
+    if low <= 1.0 <= high:  # the line of no gain, where it falls within the data's range
+        ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle="--", zorder=0)
+    if max(values) / min(values) > 3:  # speedups far apart: relative steps look alike on a log axis
+        ax.set_yscale("log")
+        _log_ticks(ax.yaxis, values)
+        ylabel = SPEEDUP_LABEL.replace("(×)", "(×, log scale)")
+    else:
+        ylabel = SPEEDUP_LABEL
+    if undated:
+        ax.set_xlabel("run id")
+    else:
+        locator = mdates.AutoDateLocator(maxticks=8)
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+        ax.set_xlabel("run start date (UTC)")
+    ax.set_ylabel(ylabel)
+    what = "nightly CUDA graph replay speedup"
+    if limited:
+        what += f" ({len(series)} configs with the longest history)"
+    fig.suptitle(_title(run, what), fontsize=11)
+    ax.grid(True, alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    keys = [
+        (Verdict.FASTER in marked, Line2D([], [], linestyle="none", marker="^", markersize=8, color="tab:green",
+                                          markeredgecolor="black"), "FASTER (step confirmed)"),
+        (Verdict.SLOWER in marked, Line2D([], [], linestyle="none", marker="v", markersize=8, color="tab:red",
+                                          markeredgecolor="black"), "SLOWER (step confirmed)"),
+        (bool(env_changes), Line2D([], [], color="0.5", linestyle=":"), "environment changed"),
+    ]
+    for shown, handle, text in keys:
+        if shown:
+            handles.append(handle)
+            labels.append(text)
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    _save(fig, path)
+
+
+def write_plots(store: Store, run: Run, directory: Path) -> dict[str, str]:
+    """Write PNG plots for run `run` beside its report, return {kind: file name relative to directory}.
+
+    Kinds: ``speedup_vs_batch``, ``speedup_vs_kernels``, ``trend``; a plot with nothing to draw
+    (no graph row measured ok with a speedup, no batch size, no kernel count) is not written and
+    not returned."""
+    directory = Path(directory)
+    written: dict[str, str] = {}
+    batches = batch_series(run)
+    kernels = kernel_series(run)
+    trend, configs = _trend(store, run, TREND_LIMIT)
+    limited = configs > len(trend)
+    if not (batches or kernels or trend):
+        return written
+    directory.mkdir(parents=True, exist_ok=True)
+    for kind, data, draw, suffix in (
+        ("speedup_vs_batch", batches, _plot_batch, "speedup-vs-batch"),
+        ("speedup_vs_kernels", kernels, _plot_kernels, "speedup-vs-kernels"),
+        ("trend", trend, lambda r, d, p: _plot_trend(r, d, p, limited), "trend"),
+    ):
+        if data:
+            name = f"{run.id}-{suffix}.png"
+            draw(run, data, directory / name)
+            written[kind] = name
+    return written
