@@ -101,12 +101,6 @@ class ModeResult(BaseModel):
         overhead = self.launch_overhead_s
         return overhead / self.throughput.median if overhead is not None else None
 
-    @property
-    def host_s_per_kernel(self) -> float | None:
-        if self.host_enqueue and self.kernels_per_iter:
-            return self.host_enqueue.median / self.kernels_per_iter
-        return None
-
 
 class ConfigResult(BaseModel):
     workload: str

@@ -33,10 +33,6 @@ class Summary:
         """Half the width of the median's confidence interval, relative to the median."""
         return (self.ci_high - self.ci_low) / 2 / self.median if self.median > 0 else float("inf")
 
-    @property
-    def rel_iqr(self) -> float:
-        return self.iqr / self.median if self.median > 0 else float("inf")
-
 
 def median_ci(samples, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """Distribution-free confidence interval of the median from order statistics.

@@ -24,7 +24,6 @@ from .workload import params_json
 URL_VARIABLE = "REPLAYBENCH_DB_URL"
 DEFAULT_URL = "sqlite:///replaybench.db"
 
-RUN_STATUSES = ("running", "completed", "completed_with_failures", "failed", "crashed")
 TRIGGERS = ("nightly", "adhoc", "cli", "shard")
 
 
