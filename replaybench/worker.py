@@ -217,7 +217,7 @@ class MeasuringPool:
         if processes < 1:
             raise ValueError("at least one measuring process")
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
-        chosen = [cores[-1 - i % len(cores)] for i in range(processes)]
+        chosen = measuring_cores(cores, processes, gpu_slot())
         self.members = [MeasuringProcess(c, timeout_s, extra_workload_paths) for c in chosen]
 
     def __enter__(self) -> "MeasuringPool":
@@ -250,6 +250,20 @@ class MeasuringPool:
             if any(m.status != "ok" and m.status != "skipped" for m in results[-1].modes):
                 break
         return derive(combine(results, settings.precision))
+
+
+def gpu_slot() -> int:
+    """Which GPU of the host this process measures on: the index in CUDA_VISIBLE_DEVICES when it
+    names one GPU by number (as `replaybench worker --gpu N` sets it), else 0."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return int(visible) if visible.isdigit() else 0
+
+
+def measuring_cores(cores: list, processes: int, slot: int = 0) -> list:
+    """Cores for the measuring processes of GPU ``slot``, counted from the last core down, so that
+    the workers of several GPUs on one host do not share cores, and the low cores, where the OS
+    and the orchestrating processes tend to run, are the last to be used."""
+    return [cores[-1 - (slot * processes + i) % len(cores)] for i in range(processes)]
 
 
 def crashed(config: BenchConfig, settings: MeasureSettings, reason: str, attempts: int) -> ConfigResult:

@@ -68,3 +68,22 @@ def test_one_process_is_left_as_measured():
     assert result.mode("graph").speedup == pytest.approx(
         np.median(part.mode("eager").throughput.blocks) / np.median(part.mode("graph").throughput.blocks)
     )
+
+
+def test_few_processes_get_the_student_t_interval_of_their_own_figures():
+    # Three processes, each precise on its own, disagreeing: the interval of the speedup is the t
+    # interval (2 degrees of freedom) of the three per-process speedups on log scale, which a
+    # bootstrap over three processes cannot reach.
+    rng = np.random.default_rng(3)
+    eager = [e + 0.01 * rng.standard_normal(60) for e in (36.0, 41.0, 55.0)]
+    graph = [g + 0.001 * rng.standard_normal(60) for g in (7.0, 6.9, 7.2)]
+    per_process = np.log([np.median(e) / np.median(g) for e, g in zip(eager, graph)])
+    half = 4.302653 * per_process.std(ddof=1) / np.sqrt(3)
+    _, lo, hi = speedup_ci(eager, graph)
+    assert lo == pytest.approx(np.exp(per_process.mean() - half), rel=1e-4)
+    assert hi == pytest.approx(np.exp(per_process.mean() + half), rel=1e-4)
+    assert lo < 36 / 7.0 * 0.9 and hi > 55 / 7.2 * 1.1  # beyond the range of the processes
+    s = summarize_groups(eager)
+    medians = np.log([np.median(e) for e in eager])
+    assert s.ci_high == pytest.approx(np.exp(medians.mean() + 4.302653 * medians.std(ddof=1) / np.sqrt(3)), rel=1e-4)
+

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from replaybench.worker import MeasuringProcess
+from replaybench.worker import MeasuringProcess, gpu_slot, measuring_cores
 from replaybench.workload import BenchConfig
 
 from .conftest import FAULTS
@@ -67,3 +67,16 @@ def test_a_pool_measures_each_config_in_every_process_and_pools_the_blocks(quick
         # A deterministic failure is not repeated in the second process.
         failed = pool.measure(BenchConfig("fault_forward_error", ONE), quick)
         assert {m.status for m in failed.modes} == {"failed"} and len(failed.cpu_cores) == 1
+
+
+def test_workers_of_different_gpus_measure_on_different_cores(monkeypatch):
+    cores = list(range(16))
+    assert measuring_cores(cores, 3) == [15, 14, 13]
+    assert measuring_cores(cores, 3, slot=1) == [12, 11, 10]
+    assert measuring_cores([0, 1], 3) == [1, 0, 1]  # fewer cores than processes: shared, in turn
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2")
+    assert gpu_slot() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert gpu_slot() == 0
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gpu_slot() == 0
