@@ -282,6 +282,8 @@ class Measurement:
         for mode, call in self.calls.items():
             gpu, enqueue = [], []
             hold_s = max(2 * n * throughput[mode], 0.002)
+            # A call that waits for the GPU (.item() in forward) waits out any hold: stop doubling.
+            max_hold_s = max(4 * n * throughput[mode], MAX_HOLD_S)
             attempts = 0
             while len(gpu) < self.settings.min_blocks and attempts < 4 * self.settings.min_blocks:
                 attempts += 1
@@ -299,7 +301,9 @@ class Measurement:
                 end.synchronize()
                 hold_measured = start.elapsed_time(held) / 1e3
                 if enqueue_s >= 0.9 * hold_measured:
-                    hold_s *= 2  # the GPU caught up: hold longer and try again
+                    if hold_s >= max_hold_s:
+                        break
+                    hold_s = min(2 * hold_s, max_hold_s)  # the GPU caught up: hold longer and try again
                     continue
                 gpu.append(held.elapsed_time(end) / 1e3 / n)
                 enqueue.append(enqueue_s / n)
@@ -388,7 +392,10 @@ class Measurement:
                 r.gpu = _series(gpu, s)
                 r.host_enqueue = _series(enqueue, s)
             else:
-                r.flags.append("GPU time not measured: the stream hold never outlasted the enqueue")
+                r.flags.append(
+                    "GPU time not measured: enqueueing outlasted every hold of the stream "
+                    "(does the call wait for the GPU?)"
+                )
 
 
 # Operators that make the host wait for the GPU: none may run while a graph is captured.
@@ -497,6 +504,9 @@ def _cudagraph_skips() -> int | None:
 
 
 _SLEEP_RATE: float | None = None
+
+
+MAX_HOLD_S = 0.25  # longest stream hold tried for GPU time, unless a block's iterations take longer
 
 
 def _sleep_rate() -> float:

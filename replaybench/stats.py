@@ -70,8 +70,8 @@ def summarize(samples) -> Summary:
     )
 
 
-def _resample(groups: list[np.ndarray], picks, rng) -> np.ndarray:
-    return np.concatenate([rng.choice(groups[i], size=groups[i].size) for i in picks])
+def _resample(group: np.ndarray, rng) -> np.ndarray:
+    return rng.choice(group, size=group.size)
 
 
 def speedup_ci(
@@ -80,29 +80,32 @@ def speedup_ci(
     """Speedup = median(baseline) / median(candidate), with a percentile bootstrap interval.
 
     ``baseline`` and ``candidate`` are block timings, either flat sequences (one measuring
-    process) or lists of per-process sequences. With several processes the bootstrap is
-    hierarchical: processes are resampled first (the same picks for both modes, since both were
-    measured in each process), then blocks within each picked process, so that the interval
-    carries the process-to-process variation that blocks of one process cannot show; and it is
-    never narrower than the Student-t interval over the processes' own speedups (see
-    ``between_processes``).
+    process) or lists of per-process sequences. With several processes, each process is one equal
+    witness of the host's state: the speedup is the median over processes of each process's own
+    speedup, whatever number of blocks each needed. The bootstrap is then hierarchical: processes
+    are resampled first (the same picks for both modes, since both were measured in each process),
+    then blocks within each picked process, so that the interval carries the process-to-process
+    variation that blocks of one process cannot show; and it is never narrower than the Student-t
+    interval over the processes' own speedups (see ``between_processes``).
     """
     a_groups, b_groups = as_groups(baseline), as_groups(candidate)
     if len(a_groups) != len(b_groups):
         raise ValueError("baseline and candidate must come from the same processes")
-    point = float(np.median(np.concatenate(a_groups)) / np.median(np.concatenate(b_groups)))
+    n = len(a_groups)
+    per_process = [np.median(a) / np.median(b) for a, b in zip(a_groups, b_groups)]
+    point = float(np.median(per_process))
     if min(g.size for g in a_groups + b_groups) < 2:
         return point, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    n = len(a_groups)
     ratios = np.empty(resamples)
     for k in range(resamples):
         picks = rng.integers(0, n, n) if n > 1 else (0,)
-        ratios[k] = np.median(_resample(a_groups, picks, rng)) / np.median(_resample(b_groups, picks, rng))
+        ratios[k] = np.median(
+            [np.median(_resample(a_groups[i], rng)) / np.median(_resample(b_groups[i], rng)) for i in picks]
+        )
     alpha = 1 - confidence
     lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
     if n > 1:
-        per_process = [np.median(a) / np.median(b) for a, b in zip(a_groups, b_groups)]
         t_lo, t_hi = between_processes(per_process, confidence)
         lo, hi = min(lo, t_lo), max(hi, t_hi)
     return point, float(lo), float(hi)
@@ -134,22 +137,25 @@ def as_groups(samples) -> list[np.ndarray]:
 
 
 def summarize_groups(groups, confidence: float = CONFIDENCE, resamples: int = 2000, seed: int = 0) -> Summary:
-    """Summary of blocks pooled from several processes. The median's interval is a hierarchical
-    bootstrap (processes, then blocks), widened to the Student-t interval over the processes'
-    medians where that is wider; with one process it is the order-statistic interval."""
+    """Summary of blocks from several processes. The median is the median over processes of each
+    one's median (processes weigh alike: one that needed ten times the blocks to meet the
+    precision target is not ten times the witness); its interval is a hierarchical bootstrap
+    (processes, then blocks), widened to the Student-t interval over the processes' medians where
+    that is wider. Minimum, maximum and IQR are over all blocks. With one process it is
+    ``summarize``."""
     groups = as_groups(groups)
-    pooled = np.concatenate(groups)
-    summary = summarize(pooled)
+    summary = summarize(np.concatenate(groups))
     if len(groups) == 1:
         return summary
     rng = np.random.default_rng(seed)
     n = len(groups)
-    medians = [np.median(_resample(groups, rng.integers(0, n, n), rng)) for _ in range(resamples)]
+    per_process = [np.median(g) for g in groups]
+    medians = [np.median([np.median(_resample(groups[i], rng)) for i in rng.integers(0, n, n)]) for _ in range(resamples)]
     alpha = 1 - confidence
     lo, hi = np.quantile(medians, [alpha / 2, 1 - alpha / 2])
-    t_lo, t_hi = between_processes([np.median(g) for g in groups], confidence)
-    lo, hi = min(lo, t_lo), max(hi, t_hi)
-    return Summary(**{**summary.__dict__, "ci_low": float(lo), "ci_high": float(hi)})
+    t_lo, t_hi = between_processes(per_process, confidence)
+    return Summary(**{**summary.__dict__, "median": float(np.median(per_process)),
+                      "ci_low": float(min(lo, t_lo)), "ci_high": float(max(hi, t_hi))})
 
 
 @dataclass

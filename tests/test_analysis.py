@@ -27,8 +27,8 @@ def test_hierarchical_interval_carries_process_to_process_variation():
     graph = [6.8 + 0.01 * rng.standard_normal(50) for _ in range(3)]
     flat_point, flat_lo, flat_hi = speedup_ci(np.concatenate(eager), np.concatenate(graph))
     point, lo, hi = speedup_ci(eager, graph)
-    assert point == pytest.approx(flat_point)
     per_process = [np.median(e) / np.median(g) for e, g in zip(eager, graph)]
+    assert point == pytest.approx(np.median(per_process)) and flat_lo <= flat_point <= flat_hi
     # The flat interval pretends all blocks came from one process: far too narrow.
     assert flat_hi - flat_lo < 0.5 * (max(per_process) - min(per_process))
     assert lo <= min(per_process) * 1.05 and hi >= max(per_process) * 0.95
@@ -44,7 +44,9 @@ def test_combine_pools_blocks_and_derive_flags_host_noise():
     assert eager.throughput.per_process == [40, 40, 40]
     assert eager.throughput.blocks == [b for p in parts for b in p.mode("eager").throughput.blocks]
     assert result.cpu_cores == [15, 14, 13] and result.measuring_s == 3.0
-    assert graph.speedup == pytest.approx(np.median(eager.throughput.blocks) / np.median(graph.throughput.blocks))
+    assert graph.speedup == pytest.approx(np.median([np.median(e) / np.median(g) for e, g in
+                                                     zip(eager.throughput.groups(), graph.throughput.groups())]))
+    assert eager.throughput.median == pytest.approx(np.median([np.median(g) for g in eager.throughput.groups()]))
     assert graph.speedup_ci_low < 60 / 6.8 * 1.05 and graph.speedup_ci_high > 91 / 6.8 * 0.95
     assert any("medians differ by" in f and "3 measuring processes" in f for f in eager.flags)
     assert not any("medians differ" in f for f in graph.flags)
@@ -87,3 +89,27 @@ def test_few_processes_get_the_student_t_interval_of_their_own_figures():
     medians = np.log([np.median(e) for e in eager])
     assert s.ci_high == pytest.approx(np.exp(medians.mean() + 4.302653 * medians.std(ddof=1) / np.sqrt(3)), rel=1e-4)
 
+
+
+def test_each_process_weighs_alike_whatever_its_block_count():
+    # The stopping rule ends a precise process early: block counts of 10, 200 and 20. Pooling the
+    # blocks would let the 200 blocks of the slow process decide; each process is one witness.
+    rng = np.random.default_rng(5)
+    graph = [6.5 + 0.001 * rng.standard_normal(10), 6.9 + 0.001 * rng.standard_normal(200),
+             6.6 + 0.001 * rng.standard_normal(20)]
+    eager = [40 + 0.01 * rng.standard_normal(k) for k in (10, 200, 20)]
+    s = summarize_groups(graph)
+    assert s.median == pytest.approx(6.6, abs=0.01) and s.n == 230
+    assert np.median(np.concatenate(graph)) == pytest.approx(6.9, abs=0.01)  # what pooling would say
+    point, lo, hi = speedup_ci(eager, graph)
+    assert point == pytest.approx(40 / 6.6, rel=1e-3) and lo <= 40 / 6.9 and hi >= 40 / 6.5
+
+
+def test_an_imprecise_process_is_named_in_the_flag():
+    rng = np.random.default_rng(6)
+    parts = [process_result(40, 6.8, core, rng) for core in (15, 14, 13)]
+    noisy = list(40e-6 * (1 + 0.3 * rng.standard_normal(12)))
+    parts[1].modes[0] = ModeResult(mode="eager", status="ok", throughput=series(noisy, met=False))
+    eager = derive(combine(parts, precision=0.01)).mode("eager")
+    expected = summarize_groups(noisy).rel_halfwidth
+    assert f"precision target not met in one of 3 measuring processes: median +/- {expected:.1%} after 12 blocks" in eager.flags
