@@ -9,8 +9,9 @@ deployments of prefect.yaml (`prefect deploy --all`), starts one `replaybench wo
 Then prints, from the store and the Prefect API:
 - wall time from the trigger to the final state, and the run's own wall time (start to finish);
 - time spent measuring (the measuring processes' own clocks, summed over configs) and the
-  orchestration overhead = run wall time - measuring time (for one worker; target <= 10%), with
-  the Prefect overhead per task (task run time - measuring time of its config);
+  orchestration overhead = wall time - measuring time, from the trigger and within the run (for
+  one worker; target <= 10%), with the Prefect overhead per task (task run time - measuring time
+  of its config);
 - for several workers on one GPU (``--gpus 0,0``): whether the shards' measurements overlapped in
   time (they must not: the GPU's strict concurrency limit serialises them).
 Run it twice, with ``--gpus 0`` and ``--gpus 0,1``, to get the wall-time ratio of two workers to one.
@@ -109,10 +110,12 @@ def main() -> None:
         "results_ok": sum(r.status == "ok" for r in run.results), "results": len(run.results),
     }
     if len(set(gpus)) == len(gpus) == 1 or shards == 1:
-        overhead = run_wall - total_measuring
-        summary["overhead_share"] = overhead / run_wall
-        print(f"measuring {total_measuring:.1f} s; orchestration overhead {overhead:.1f} s = "
-              f"{overhead / run_wall:.1%} of the run's wall time (target <= 10%)")
+        summary["overhead_share"] = (end_to_end - total_measuring) / end_to_end
+        summary["overhead_share_in_run"] = (run_wall - total_measuring) / run_wall
+        print(f"measuring {total_measuring:.1f} s; orchestration overhead (wall - measuring) "
+              f"{end_to_end - total_measuring:.1f} s = {summary['overhead_share']:.1%} of the wall time from the trigger "
+              f"(target <= 10%), {run_wall - total_measuring:.1f} s = {summary['overhead_share_in_run']:.1%} "
+              "of the run's own wall time (without worker pick-up, flow start-up and the report)")
     if per_task:
         summary["prefect_per_task_s"] = statistics.median(per_task)
         print(f"Prefect overhead per task (task run time - measuring time), median over {len(per_task)} tasks: "
