@@ -19,11 +19,12 @@ checked without looking at pixels.
 Figures are built as ``matplotlib.figure.Figure`` objects on the Agg canvas, never through pyplot's
 global figure registry: nothing is left open, and plots can be written from several threads.
 
-Cost: the trend reads the history in one SELECT (results joined with their runs, filtered on the
-run's workloads, graph mode, status ok) and judges only the configs it draws. With a year of
-nightly runs of 200 results each (365 x 100 configs x eager and graph), write_plots took about 4 s
-on a slow 2-core box (the query and 12 x 365 nightly judgements about 1.3 s of it; the rest is
-drawing and PNG encoding, about 1 s a plot there).
+Cost: the trend counts each config's nights in one SELECT, then reads only the configs it draws,
+each one range of the index ix_results_history, and judges them. With a year of nightly runs of
+200 results each (365 x 100 configs x eager and graph; benchmarks/report_history.py), write_plots
+took 2.2 to 2.6 s on a slow, shared 2-core box: the queries about 0.2 to 0.3 s, the 12 x 365
+nightly judgements about 0.5 to 0.7 s, each plot 0.4 to 0.6 s of drawing and PNG encoding (drawn
+once: see _save).
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ import matplotlib
 matplotlib.use("Agg")  # no display; must precede any pyplot import in this process
 
 import matplotlib.dates as mdates  # noqa: E402
+import matplotlib.image  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter  # noqa: E402
-from sqlalchemy import select  # noqa: E402
+from sqlalchemy import distinct, func, select  # noqa: E402
 
 from .history import Point, Verdict, judge_series  # noqa: E402
 from .storage import Result, Run, Store  # noqa: E402
@@ -173,58 +176,53 @@ def trend_series(store: Store, run: Run, limit: int | None = TREND_LIMIT) -> dic
     return _trend(store, run, limit)[0]
 
 
+def _longest(nights: dict[tuple[str, str], int], limit: int | None) -> list[tuple[str, str]]:
+    """The ``limit`` configs with the most nights, in order of workload and parameters key. Among
+    equally long histories, one config of each workload before a second of any (a nightly run's
+    configs all share the history: the plot then spans the workloads)."""
+    rank, seen = {}, defaultdict(int)
+    for c in sorted(nights):
+        rank[c], seen[c[0]] = seen[c[0]], seen[c[0]] + 1
+    chosen = sorted(nights, key=lambda c: (-nights[c], rank[c], c))
+    return sorted(chosen if limit is None else chosen[:limit])
+
+
 def _trend(store: Store, run: Run, limit: int | None) -> tuple[dict[str, list[TrendPoint]], int]:
     """trend_series, and the number of configs there were before the limit."""
     current = _graph_rows(run)
     if not current:
         return {}, 0
     configs = {(r.workload, r.params_key): r.params or {} for r in current}
+    # Graph rows measured ok, up to this run, with a finite positive speedup (_usable, in SQL:
+    # NULL and NaN fail both comparisons).
+    graph_ok = (Result.run_id <= run.id, Result.mode == "graph", Result.status == "ok",
+                Result.speedup > 0, Result.speedup < math.inf)
     with store.session() as s:
-        rows = s.execute(
-            select(
-                Result.workload,
-                Result.params_key,
-                Result.speedup,
-                Result.speedup_ci_low,
-                Result.speedup_ci_high,
-                Run.id,
-                Run.started_at,
-                Run.gpu_name,
-                Run.gpu_driver,
-                Run.cuda_version,
-                Run.torch_version,
-            )
-            .join(Run, Result.run_id == Run.id)
-            .where(
-                Result.run_id <= run.id,
-                Result.mode == "graph",
-                Result.status == "ok",
-                Result.speedup.is_not(None),
-                Result.workload.in_(sorted({w for w, _ in configs})),
-            )
-            .order_by(Result.run_id, Result.id)
+        counted = s.execute(
+            select(Result.workload, Result.params_key, func.count(distinct(Result.run_id)))
+            .where(*graph_ok, Result.workload.in_(sorted({w for w, _ in configs})))
+            .group_by(Result.workload, Result.params_key)
         ).all()
-    # One night per run and config: a repeated row replaces the earlier one of its run.
-    nights: dict[tuple[str, str], dict[int, tuple]] = defaultdict(dict)
-    for workload, key, speedup, lo, hi, run_id, started_at, *env in rows:
-        if (workload, key) in configs and _usable(speedup):
-            nights[(workload, key)][run_id] = (speedup, lo, hi, started_at, tuple(env))
-    # The longest histories; among equally long ones, one config of each workload before a second
-    # of any (a nightly run's configs all share the history: the plot then spans the workloads).
-    rank, seen = {}, defaultdict(int)
-    for c in sorted(nights):
-        rank[c], seen[c[0]] = seen[c[0]], seen[c[0]] + 1
-    chosen = sorted(nights, key=lambda c: (-len(nights[c]), rank[c], c))
-    if limit is not None:
-        chosen = chosen[:limit]
-    chosen.sort()
+        nights = {(workload, key): n for workload, key, n in counted if (workload, key) in configs}
+        chosen = _longest(nights, limit)
+        # One night per run and config: a repeated row replaces the earlier one of its run.
+        history: dict[tuple[str, str], dict[int, tuple]] = {}
+        for workload, key in chosen:  # each a short range of the index ix_results_history
+            rows = s.execute(
+                select(Result.run_id, Result.speedup, Result.speedup_ci_low, Result.speedup_ci_high, Run.started_at,
+                       Run.gpu_name, Run.gpu_driver, Run.cuda_version, Run.torch_version)
+                .join(Run, Result.run_id == Run.id)
+                .where(*graph_ok, Result.workload == workload, Result.params_key == key)
+                .order_by(Result.run_id, Result.id)
+            ).all()
+            history[(workload, key)] = {run_id: (v, lo, hi, started_at, tuple(env)) for run_id, v, lo, hi, started_at, *env in rows}
     # Labelled among all the run's configs, so that a label means the same on every plot.
     every = sorted(configs)
     labels = dict(zip(every, _config_labels([(w, configs[(w, k)]) for w, k in every])))
     series: dict[str, list[TrendPoint]] = {}
     for config in chosen:
         label = labels[config]
-        ordered = sorted(nights[config].items())
+        ordered = sorted(history[config].items())
         points = [Point(run_id, v, lo, hi, env) for run_id, (v, lo, hi, _, env) in ordered]
         judgements = judge_series(points, higher_is_better=True)
         series[label] = [
@@ -280,9 +278,14 @@ def _style(i: int) -> dict[str, Any]:
 
 
 def _save(fig: Figure, path: Path) -> None:
+    """The PNG that ``fig.savefig(path, dpi=DPI)`` writes (byte for byte, with matplotlib's default
+    savefig settings), drawn once instead of twice: savefig lays a constrained-layout figure out
+    in a drawing pass of its own, then draws it again."""
     tmp = path.with_name(path.name + ".tmp")
     try:
-        fig.savefig(tmp, dpi=DPI, format="png")
+        canvas = FigureCanvasAgg(fig)
+        canvas.draw()  # lays out, then draws
+        matplotlib.image.imsave(tmp, canvas.buffer_rgba(), format="png", origin="upper", dpi=DPI)
         os.replace(tmp, path)  # a reader never sees a half-written image
     finally:
         tmp.unlink(missing_ok=True)

@@ -6,6 +6,7 @@ in place. Each result is committed as soon as it is measured, so a crash loses n
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -13,13 +14,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, create_engine, event, select
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, create_engine, event, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
 
 from .results import ConfigResult, ModeResult
 from .workload import params_json
+
+log = logging.getLogger(__name__)
 
 URL_VARIABLE = "REPLAYBENCH_DB_URL"
 DEFAULT_URL = "sqlite:///replaybench.db"
@@ -72,11 +75,13 @@ class Run(Base):
 
 class Result(Base):
     __tablename__ = "results"
+    # One config's history (verdicts, trend plot); also serves lookups by workload alone.
+    __table_args__ = (Index("ix_results_history", "workload", "params_key", "mode", "run_id"),)
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     measured_at: Mapped[datetime] = mapped_column(default=utcnow)
-    workload: Mapped[str] = mapped_column(String(128), index=True)
+    workload: Mapped[str] = mapped_column(String(128))
     params: Mapped[dict[str, Any]]
     params_key: Mapped[str] = mapped_column(String(512))
     mode: Mapped[str] = mapped_column(String(32))
@@ -122,6 +127,12 @@ class Result(Base):
     health: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # raw block timings per metric, so that any statistic can be recomputed later
     samples: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    # The verdict against the nightly history (replaybench.verdicts), judged when the run was
+    # finished: a history.Verdict value, the relative change, the baseline value, the reason.
+    verdict: Mapped[str | None] = mapped_column(String(16))
+    verdict_change: Mapped[float | None]
+    verdict_baseline: Mapped[float | None]
+    verdict_reason: Mapped[str | None] = mapped_column(Text)
 
     run: Mapped[Run] = relationship(back_populates="results")
 
@@ -280,6 +291,8 @@ class Store:
                 delay = min(delay * 2, 5.0)
 
     def finish_run(self, run_id: int, error: str | None = None) -> str:
+        """Set the run's final status; then, for a run that did not fail, judge each measured row
+        against the nightly history once and store the verdicts, which its reports read."""
         with self.session.begin() as s:
             run = s.get(Run, run_id)
             statuses = set(s.scalars(select(Result.status).where(Result.run_id == run_id)))
@@ -290,7 +303,15 @@ class Store:
             else:
                 run.status = "completed"
             run.ended_at = utcnow()
-            return run.status
+            status = run.status
+        if not error:
+            from .verdicts import store_verdicts  # here: verdicts imports this module
+
+            try:
+                store_verdicts(self, run_id)
+            except SQLAlchemyError as exc:  # the run is finished all the same: reports judge it then
+                log.warning("run %d: verdicts not stored (%s); its reports will judge it", run_id, exc)
+        return status
 
     def mark_crashed_runs(self) -> list[int]:
         """Runs left 'running' by a process on this host that no longer exists were killed."""

@@ -1,12 +1,15 @@
 """Verdicts of a stored run against the nightly history of the same workload, parameters and mode:
 the glue between the store and replaybench.history. Graph and compile rows are judged on their
-speedup (higher is better), eager rows on their throughput time (lower is better)."""
+speedup (higher is better), eager rows on their throughput time (lower is better).
+
+A run is judged against the history once, when it is finished (:func:`store_verdicts`, called by
+``Store.finish_run``), and the verdicts are stored in its rows for its reports to read. A run
+without stored verdicts (finished before they were stored, or not finished) is judged when asked;
+so is a run against a pinned baseline run, which needs only the two runs."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from .history import Judgement, Point, Verdict, env_difference, judge
 from .storage import Result, Run, Store
@@ -14,54 +17,121 @@ from .storage import Result, Run, Store
 
 HISTORY_NIGHTS = 90
 
+# What a row is judged on, with its run's environment: one row of a history.
+_COLUMNS = (
+    Result.run_id, Result.workload, Result.params_key, Result.mode,
+    Result.throughput_s, Result.throughput_ci_low, Result.throughput_ci_high,
+    Result.speedup, Result.speedup_ci_low, Result.speedup_ci_high,
+    Run.gpu_name, Run.gpu_driver, Run.cuda_version, Run.torch_version,
+)
 
-def _metric(r: Result) -> tuple[float | None, float | None, float | None, bool]:
-    """(value, ci_low, ci_high, higher_is_better) of the figure a row is judged on."""
+
+def _metric(r) -> tuple[float | None, float | None, float | None, bool]:
+    """(value, ci_low, ci_high, higher_is_better) of the figure a row (a Result, or a row of
+    ``_COLUMNS``) is judged on."""
     if r.mode == "eager":
         return r.throughput_s, r.throughput_ci_low, r.throughput_ci_high, False
     return r.speedup, r.speedup_ci_low, r.speedup_ci_high, True
 
 
-def env_key(run: Run) -> tuple:
+def env_key(run) -> tuple:
+    """A Run's environment key, or a row of ``_COLUMNS``'s (its run's)."""
     return (run.gpu_name, run.gpu_driver, run.cuda_version, run.torch_version)
 
 
+def _key(r) -> tuple[str, str, str]:
+    return (r.workload, r.params_key, r.mode)
+
+
+def _measured(run: Run) -> list[Result]:
+    return [r for r in run.results if r.status == "ok" and _metric(r)[0] is not None]
+
+
 def run_verdicts(store: Store, run: Run, baseline: int | None = None) -> dict[int, Judgement]:
-    """Result id -> judgement, for every measured row of ``run``; ``baseline`` pins a run."""
-    measured = [r for r in run.results if r.status == "ok" and _metric(r)[0] is not None]
+    """Result id -> judgement, for every measured row of ``run``: against the nightly history as
+    stored when the run was finished (judged now if it has none stored), or against the pinned
+    run ``baseline``."""
+    if baseline is None:
+        stored = stored_verdicts(run)
+        if stored is not None:
+            return stored
+    return judge_run(store, run, baseline)
+
+
+def stored_verdicts(run: Run) -> dict[int, Judgement] | None:
+    """The verdicts stored in the run's measured rows; None unless every one of them has one."""
+    measured = _measured(run)
+    if any(r.verdict is None for r in measured):
+        return None
+    return {r.id: Judgement(Verdict(r.verdict), r.verdict_change, r.verdict_baseline, r.verdict_reason) for r in measured}
+
+
+def store_verdicts(store: Store, run_id: int) -> dict[int, Judgement]:
+    """Judge run ``run_id``'s measured rows against the nightly history; store and return the verdicts."""
+    verdicts = judge_run(store, store.run(run_id))
+    if verdicts:
+        with store.session.begin() as s:
+            s.execute(update(Result), [
+                {"id": result_id, "verdict": j.verdict.value, "verdict_change": j.change,
+                 "verdict_baseline": j.baseline, "verdict_reason": j.reason}
+                for result_id, j in verdicts.items()
+            ])
+    return verdicts
+
+
+def judge_run(store: Store, run: Run, baseline: int | None = None) -> dict[int, Judgement]:
+    """Result id -> judgement, for every measured row of ``run``, judged now: against the row's
+    last ``HISTORY_NIGHTS`` nights (the detector looks back at most a 30-night window and its
+    levels: 90 nights suffice), or against the pinned run ``baseline``."""
+    measured = _measured(run)
     if not measured:
         return {}
-    with store.session() as s:
-        rows = s.execute(
-            select(Result, Run)
-            .join(Run, Result.run_id == Run.id)
-            .where(Result.run_id < run.id, Result.status == "ok", Result.workload.in_({r.workload for r in measured}))
-            .order_by(Result.run_id)
-        ).all()
-        pinned_rows = (
-            s.execute(select(Result, Run).join(Run, Result.run_id == Run.id).where(Result.run_id == baseline)).all()
-            if baseline is not None else []
-        )
-    history: dict[tuple, list[Point]] = defaultdict(list)
-    for r, earlier in rows:
-        value, lo, hi, _ = _metric(r)
-        if value is not None:
-            history[(r.workload, r.params_key, r.mode)].append(Point(earlier.id, value, lo, hi, env_key(earlier)))
-    pinned = {}
-    for r, base in pinned_rows:
-        value, lo, hi, _ = _metric(r)
-        if value is not None:
-            pinned[(r.workload, r.params_key, r.mode)] = Point(base.id, value, lo, hi, env_key(base))
     verdicts = {}
+    if baseline is not None:
+        pinned = _pinned(store, baseline)
+        for r in measured:
+            value, lo, hi, higher = _metric(r)
+            verdicts[r.id] = compare_points(pinned.get(_key(r)), Point(run.id, value, lo, hi, env_key(run)), higher)
+        return verdicts
+    history = _history(store, run.id, {_key(r) for r in measured})
     for r in measured:
         value, lo, hi, higher = _metric(r)
-        key = (r.workload, r.params_key, r.mode)
-        current = Point(run.id, value, lo, hi, env_key(run))
-        if baseline is not None:
-            verdicts[r.id] = compare_points(pinned.get(key), current, higher)
-        else:  # the detector looks back at most a 30-night window and its levels: 90 nights suffice
-            verdicts[r.id] = judge(history[key][-HISTORY_NIGHTS:], current, higher)
+        verdicts[r.id] = judge(history[_key(r)], Point(run.id, value, lo, hi, env_key(run)), higher)
     return verdicts
+
+
+def _point(row) -> Point:
+    value, lo, hi, _ = _metric(row)
+    return Point(row.run_id, value, lo, hi, env_key(row))
+
+
+def _history(store: Store, before: int, keys: set[tuple[str, str, str]]) -> dict[tuple, list[Point]]:
+    """(workload, params_key, mode) -> the last ``HISTORY_NIGHTS`` rows measured ok with a value
+    in runs before run ``before``, oldest first (by run, then row). One query per key, each a
+    short range of the index ix_results_history, however long the history."""
+    history = {}
+    with store.session() as s:
+        for workload, params_key, mode in sorted(keys):
+            value = Result.throughput_s if mode == "eager" else Result.speedup
+            rows = s.execute(
+                select(*_COLUMNS)
+                .join(Run, Result.run_id == Run.id)
+                .where(Result.workload == workload, Result.params_key == params_key, Result.mode == mode,
+                       Result.run_id < before, Result.status == "ok", value.is_not(None))
+                .order_by(Result.run_id.desc(), Result.id.desc())
+                .limit(HISTORY_NIGHTS)
+            ).all()
+            history[(workload, params_key, mode)] = [_point(row) for row in reversed(rows)]
+    return history
+
+
+def _pinned(store: Store, baseline: int) -> dict[tuple, Point]:
+    """(workload, params_key, mode) -> the pinned run's row with a value (the last, if repeated)."""
+    with store.session() as s:
+        rows = s.execute(
+            select(*_COLUMNS).join(Run, Result.run_id == Run.id).where(Result.run_id == baseline).order_by(Result.id)
+        ).all()
+    return {_key(row): _point(row) for row in rows if _metric(row)[0] is not None}
 
 
 def compare_points(base: Point | None, current: Point, higher_is_better: bool, min_effect: float = 0.03) -> Judgement:

@@ -225,22 +225,43 @@ def bulk_history(store, runs=365, configs=100, seed=0):
 
 
 @pytest.mark.timeout(120)
-def test_write_plots_reads_a_year_of_history_in_one_query(tmp_path):
+def test_write_plots_reads_a_year_of_history_in_a_few_indexed_queries(tmp_path):
     """A year of nightly runs (20 configs here, to keep the test short; for 365 x 200 results see
-    the note in replaybench.plots): one SELECT, whatever the length of the history."""
+    benchmarks/report_history.py): one SELECT counting each config's nights, then one per config
+    drawn on the trend, a range of the index ix_results_history; whatever the length of the history."""
     store = Store(f"sqlite:///{tmp_path / 'year.db'}")
     last = bulk_history(store, runs=365, configs=20)
     run = store.run(last)
     assert len(run.results) == 40
     statements = []
-    event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, sql, *args: statements.append(sql))
+    event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, sql, params, *args: statements.append((sql, params)))
     t0 = time.perf_counter()
     written = write_plots(store, run, tmp_path / "reports")
     elapsed = time.perf_counter() - t0
     assert set(written) == {"speedup_vs_batch", "speedup_vs_kernels", "trend"}
-    assert [sql.split()[0] for sql in statements] == ["SELECT"]
-    assert "JOIN runs" in statements[0]
+    assert [sql.split()[0] for sql, _ in statements] == ["SELECT"] * (1 + TREND_LIMIT)
+    assert "GROUP BY" in statements[0][0] and all("JOIN runs" in sql for sql, _ in statements[1:])
+    with store.engine.connect() as c:
+        plan = " ".join(str(row) for row in c.exec_driver_sql("EXPLAIN QUERY PLAN " + statements[-1][0], statements[-1][1]))
+    assert "USING INDEX ix_results_history" in plan and "TEMP B-TREE" not in plan
     assert elapsed < 30, f"write_plots took {elapsed:.1f} s on a year of history"
+
+
+def test_a_plot_is_the_png_that_savefig_writes(tmp_path):
+    """Plots are drawn once (savefig draws a constrained-layout figure twice), into the same file."""
+    from replaybench.plots import DPI, _figure, _save
+
+    def figure():
+        fig, ax = _figure()
+        ax.plot([1, 2, 3], [2.0, 1.0, 3.0], label="a config")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.suptitle("Run 1: a title\nover two lines")
+        return fig
+
+    _save(figure(), tmp_path / "drawn-once.png")
+    figure().savefig(tmp_path / "savefig.png", dpi=DPI, format="png")
+    assert (tmp_path / "drawn-once.png").read_bytes() == (tmp_path / "savefig.png").read_bytes()
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_a_single_config_run_and_a_config_without_batch_size(db_url, tmp_path):

@@ -45,7 +45,7 @@ def test_failures_make_the_run_completed_with_failures(db_url):
 def test_schema_is_at_the_newest_migration(db_url, tmp_path):
     Store(db_url)
     con = sqlite3.connect(tmp_path / "replaybench.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0002",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0003",)
     assert con.execute("pragma journal_mode").fetchone() == ("wal",)
     assert {"runs", "results"} <= set(inspect(Store(db_url).engine).get_table_names())
 
@@ -133,6 +133,7 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
     from sqlalchemy import create_engine, text
 
     from replaybench.migrate import upgrade
+    from replaybench.report import write_report
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     engine = create_engine(url)
@@ -148,17 +149,26 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
                 "throughput_s, speedup, flags, health, samples) values (7, '2026-11-30 02:01:00', 'seed_mlp', "
                 ":params, :key, 'graph', 'ok', 1, 6.5e-06, 6.9, '[]', '{}', :samples)"
             ),
-            {"params": '{"batch_size": 1}', "key": '{"batch_size":1}', "samples": '{"throughput": [6.4e-06, 6.6e-06]}'},
+            {"params": '{"batch_size": 1, "dtype": "float32", "width": 128}', "key": '{"batch_size":1,"dtype":"float32","width":128}',
+             "samples": '{"throughput": [6.4e-06, 6.6e-06]}'},
         )
     assert "gpu" not in {c["name"] for c in inspect(engine).get_columns("results")}
     store = Store(url)  # opening upgrades in place
     con = sqlite3.connect(tmp_path / "old.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0002",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0003",)
+    indexes = {i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("results")}
+    assert indexes == {"ix_results_run_id": ["run_id"], "ix_results_history": ["workload", "params_key", "mode", "run_id"]}
     run = store.run(7)
     assert (run.trigger, run.status, run.torch_version, run.environment) == ("nightly", "completed", "2.10.0", {"torch": "2.10.0"})
     (result,) = run.results
     assert (result.workload, result.mode, result.throughput_s, result.speedup) == ("seed_mlp", "graph", 6.5e-06, 6.9)
     assert result.samples == {"throughput": [6.4e-06, 6.6e-06]} and result.gpu is None
-    new_id = store.create_run("cli", {})
+    assert result.verdict is None  # finished before verdicts were stored: its report judges it
+    _, text = write_report(store, 7, tmp_path / "reports")
+    assert "**0 slower**" in text and "1 new." in text
+    new_id = store.create_run("cli", {}, {"torch": "2.10.0"})
     store.add_result(new_id, known_result(), gpu="vm GPU 0")
     assert {r.gpu for r in store.run(new_id).results} == {"vm GPU 0"}
+    store.finish_run(new_id)  # judged, the old run's row its graph history, and stored
+    verdicts = {r.mode: r.verdict for r in store.run(new_id).results}
+    assert verdicts == {"eager": "NEW", "graph": "UNCERTAIN"}  # one earlier night: too short a history
