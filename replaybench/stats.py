@@ -70,8 +70,30 @@ def summarize(samples) -> Summary:
     )
 
 
-def _resample(group: np.ndarray, rng) -> np.ndarray:
-    return rng.choice(group, size=group.size)
+# Elements drawn at once when bootstrapping medians: bounds the memory of one draw (32 MiB).
+_DRAW_ELEMENTS = 4_000_000
+
+
+def _resampled_medians(group: np.ndarray, shape: tuple[int, ...], rng) -> np.ndarray:
+    """Medians of ``prod(shape)`` bootstrap resamples of ``group`` (each drawn with replacement,
+    the size of the group), in an array of that shape."""
+    count = int(np.prod(shape))
+    per_draw = max(1, _DRAW_ELEMENTS // group.size)
+    medians = np.empty(count)
+    for start in range(0, count, per_draw):
+        stop = min(count, start + per_draw)
+        medians[start:stop] = np.median(group[rng.integers(0, group.size, (stop - start, group.size))], axis=1)
+    return medians.reshape(shape)
+
+
+def _hierarchical_medians(groups: list[np.ndarray], picks: np.ndarray, rng) -> np.ndarray:
+    """For picks of processes (resamples x processes), the median of a fresh bootstrap resample of
+    each picked process's blocks: the second stage of the hierarchical bootstrap, all at once."""
+    out = np.empty(picks.shape)
+    for i, group in enumerate(groups):
+        chosen = picks == i
+        out[chosen] = _resampled_medians(group, (int(chosen.sum()),), rng)
+    return out
 
 
 def speedup_ci(
@@ -97,12 +119,8 @@ def speedup_ci(
     if min(g.size for g in a_groups + b_groups) < 2:
         return point, float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    ratios = np.empty(resamples)
-    for k in range(resamples):
-        picks = rng.integers(0, n, n) if n > 1 else (0,)
-        ratios[k] = np.median(
-            [np.median(_resample(a_groups[i], rng)) / np.median(_resample(b_groups[i], rng)) for i in picks]
-        )
+    picks = rng.integers(0, n, (resamples, n))
+    ratios = np.median(_hierarchical_medians(a_groups, picks, rng) / _hierarchical_medians(b_groups, picks, rng), axis=1)
     alpha = 1 - confidence
     lo, hi = np.quantile(ratios, [alpha / 2, 1 - alpha / 2])
     if n > 1:
@@ -150,7 +168,7 @@ def summarize_groups(groups, confidence: float = CONFIDENCE, resamples: int = 20
     rng = np.random.default_rng(seed)
     n = len(groups)
     per_process = [np.median(g) for g in groups]
-    medians = [np.median([np.median(_resample(groups[i], rng)) for i in rng.integers(0, n, n)]) for _ in range(resamples)]
+    medians = np.median(_hierarchical_medians(groups, rng.integers(0, n, (resamples, n)), rng), axis=1)
     alpha = 1 - confidence
     lo, hi = np.quantile(medians, [alpha / 2, 1 - alpha / 2])
     t_lo, t_hi = between_processes(per_process, confidence)
