@@ -131,3 +131,66 @@ def test_compare_and_runs_for_people_and_scripts(tmp_path):
     runs = json.loads(replaybench("runs", "--format", "json", cwd=tmp_path).stdout)
     assert [r["id"] for r in runs] == [b, a] and runs[0]["gpu_name"] == "NVIDIA H200"
     assert replaybench("compare", str(a), "99", cwd=tmp_path).returncode == 2
+
+
+SMALL_MLP = '''
+"""A small MLP; with SLOW_IT set, the workload named `slowed` does its work twice."""
+import os
+
+import torch
+from replaybench.workload import Built, Workload
+
+NAME = "{name}"
+
+
+def build(params, device, dtype):
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]).to(device=device, dtype=dtype).eval()
+    model.requires_grad_(False)
+    repeat = 2 if NAME == "slowed" and os.environ.get("SLOW_IT") else 1
+
+    def forward(x):
+        for _ in range(repeat):
+            y = model(x)
+        return y
+
+    return Built(fn=forward, inputs=(torch.randn(params["batch_size"], 64, device=device, dtype=dtype),))
+
+
+WORKLOAD = Workload(name=NAME, description="a small MLP", build=build, grid={{"batch_size": [1], "dtype": ["float32"]}})
+'''
+
+
+@pytest.mark.slow
+def test_two_measured_runs_mark_exactly_the_slowed_workload_slower(tmp_path):
+    """Two real runs of the same suite, the second with one workload doing twice the work: its report
+    against the first marks that workload SLOWER, with its figures, and nothing else."""
+    import json
+
+    (tmp_path / "user_workloads").mkdir()
+    for name in ("steady", "slowed"):
+        (tmp_path / "user_workloads" / f"{name}.py").write_text(SMALL_MLP.format(name=name))
+    env = {"REPLAYBENCH_WORKLOADS_PATH": str(tmp_path / "user_workloads")}
+    run = ["run", "-w", "steady", "-w", "slowed", "--time-budget", "1", "--processes", "1"]
+    assert replaybench(*run, cwd=tmp_path, env=env).returncode == 0
+    out = replaybench(*run, cwd=tmp_path, env={**env, "SLOW_IT": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
+    first, second = (store.run(i) for i in (1, 2))
+    eager = {(run.id, r.workload): r.throughput_s for run in (first, second) for r in run.results if r.mode == "eager"}
+    assert eager[(2, "slowed")] > 1.5 * eager[(1, "slowed")]  # the slowdown is real
+
+    out = replaybench("compare", "1", "2", "--format", "json", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    verdicts = {(r["workload"], r["mode"]): r["verdict"] for r in json.loads(out.stdout)}
+    assert verdicts[("slowed", "eager")] == "SLOWER"
+    assert verdicts[("steady", "eager")] != "SLOWER"
+    assert not any(v == "SLOWER" for (w, _), v in verdicts.items() if w == "steady")
+
+    out = replaybench("report", "2", "--baseline", "1", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    report = (tmp_path / "reports" / "2.md").read_text()
+    slowed = report.split("## slowed")[1].split("\n## ")[0]
+    steady = report.split("## steady")[1].split("\n## ")[0]
+    assert "**SLOWER**" in slowed and "SLOWER" not in steady
+    assert f"| {eager[(2, 'slowed')] * 1e6:.1f} [" in slowed  # with its figures
+    assert "(baseline pinned: run 1): **1 slower**" in report
