@@ -194,7 +194,7 @@ def _trend(store: Store, run: Run, limit: int | None) -> tuple[dict[str, list[Tr
         return {}, 0
     configs = {(r.workload, r.params_key): r.params or {} for r in current}
     # Graph rows measured ok, up to this run, with a finite positive speedup (_usable, in SQL:
-    # NULL and NaN fail both comparisons).
+    # NULL fails both comparisons, NaN at least one: PostgreSQL sorts it above infinity).
     graph_ok = (Result.run_id <= run.id, Result.mode == "graph", Result.status == "ok",
                 Result.speedup > 0, Result.speedup < math.inf)
     with store.session() as s:

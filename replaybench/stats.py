@@ -70,7 +70,7 @@ def summarize(samples) -> Summary:
     )
 
 
-# Elements drawn at once when bootstrapping medians: bounds the memory of one draw (32 MiB).
+# Elements drawn at once when bootstrapping medians: bounds the memory of one draw (indices and values, 32 MiB each).
 _DRAW_ELEMENTS = 4_000_000
 
 

@@ -309,8 +309,8 @@ class Store:
 
             try:
                 store_verdicts(self, run_id)
-            except SQLAlchemyError as exc:  # the run is finished all the same: reports judge it then
-                log.warning("run %d: verdicts not stored (%s); its reports will judge it", run_id, exc)
+            except Exception:  # the run is finished all the same: its reports judge it then
+                log.exception("run %d: verdicts not stored; its reports will judge it", run_id)
         return status
 
     def mark_crashed_runs(self) -> list[int]:

@@ -131,6 +131,22 @@ def test_finishing_a_run_stores_its_verdicts_and_reports_read_them(stored, tmp_p
     assert f"**{n['SLOWER']} slower**, {n['FASTER']} faster, {n['SAME']} same, {n['UNCERTAIN']} uncertain" in text
 
 
+def test_no_verdicts_are_stored_while_an_earlier_run_is_still_running(stored):
+    """A run that finishes while an earlier one still measures (a sharded nightly next to an ad-hoc
+    run) would be judged against part of that run: its verdicts are judged when asked instead."""
+    store, ids = stored
+    with store.session.begin() as s:
+        s.get(Run, ids[-3]).status = "running"
+    store.finish_run(ids[-2])
+    assert all(r.verdict is None for r in store.run(ids[-2]).results)
+    with store.session.begin() as s:
+        s.get(Run, ids[-3]).status = "completed"
+    store.finish_run(ids[-2])
+    run = store.run(ids[-2])
+    assert any(r.verdict for r in run.results)
+    assert run_verdicts(store, run) == one_by_one(store, run)
+
+
 def test_a_pinned_baseline_is_judged_on_demand(stored):
     store, ids = stored
     store.finish_run(ids[-2])
