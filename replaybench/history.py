@@ -403,13 +403,13 @@ class _Detector:
             return Judgement(Verdict.NEW, None, None, "no history: first night of this series"), None
         if n == 0:
             return self._env_changed(key, x), None
-        note = ""
+        env_note = ""
         if self.last_env is not None and self.last_env != key:
-            note = (
+            env_note = (
                 f" (environment differs from the previous night: {env_difference(self.last_env, key)};"
                 f" compared with the earlier nights on this one)"
             )
-        note = withdrawn + note
+        note = withdrawn + env_note
         if n < s.min_history:
             mu = sum(env.xs) / n
             reason = f"history too short: {_plural(n, 'comparable night')} on this environment, need {s.min_history}{note}"
@@ -462,7 +462,9 @@ class _Detector:
                             f"; the change of {c.change:+.1%} at run {env.ids[c.first]} is withdrawn: the nights since "
                             f"it was confirmed are back at the level before it"
                         )
-                        return self._judge(env, key, p, x, withdrawn=back)
+                        # Tonight's earlier withdrawals (retraction, a pending step) stay in the reason.
+                        earlier = note[: len(note) - len(env_note)]
+                        return self._judge(env, key, p, x, withdrawn=earlier + back)
                 stats = f"t={w.t:+.1f}, threshold {crit:.1f}; run-to-run noise {base.sigma:.1%}"
                 if not w.late:
                     reason = (

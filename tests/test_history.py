@@ -189,3 +189,28 @@ def test_detection_and_false_alarm_rates_on_synthetic_histories():
     # and are the brief's false-alarm target.
     assert detected >= 0.85
     assert false_alarms <= 1.0
+
+
+def back_to_the_old_level(nights_slower, seed=0):
+    """30 steady nights (1% noise), `nights_slower` nights 6% slower, then six back at the old level."""
+    rng = np.random.default_rng(seed)
+    factors = [1.0] * 30 + [1.06] * nights_slower + [1.0] * 6
+    return [night(i, 1e-4 * f * math.exp(rng.normal(0, 0.01))) for i, f in enumerate(factors)]
+
+
+def test_a_young_level_that_steps_back_is_withdrawn_not_reported_as_a_step_back():
+    verdicts = judge_series(back_to_the_old_level(3), TIME)
+    assert Verdict.SLOWER in [j.verdict for j in verdicts[30:33]]
+    back = verdicts[33:]
+    assert Verdict.FASTER not in [j.verdict for j in back]
+    withdrawn = [j for j in back if "back at the level before it" in j.reason]
+    assert withdrawn and withdrawn[0].verdict == Verdict.SAME
+    assert [j.verdict for j in back][-2:] == [Verdict.SAME, Verdict.SAME]
+
+
+def test_a_level_that_held_then_steps_back_is_reported_as_a_step_back():
+    verdicts = judge_series(back_to_the_old_level(12), TIME)
+    assert Verdict.SLOWER in [j.verdict for j in verdicts[30:33]]
+    assert all(j.verdict == Verdict.SAME for j in verdicts[34:42])  # the new level is the baseline
+    assert Verdict.FASTER in [j.verdict for j in verdicts[42:]]
+    assert not any("back at the level before it" in j.reason for j in verdicts[42:])
