@@ -20,11 +20,9 @@ Figures are built as ``matplotlib.figure.Figure`` objects on the Agg canvas, nev
 global figure registry: nothing is left open, and plots can be written from several threads.
 
 Cost: the trend counts each config's nights in one SELECT, then reads only the configs it draws,
-each one range of the index ix_results_history, and judges them. With a year of nightly runs of
-200 results each (365 x 100 configs x eager and graph; benchmarks/report_history.py), write_plots
-took 2.2 to 2.6 s on a slow, shared 2-core box: the queries about 0.2 to 0.3 s, the 12 x 365
-nightly judgements about 0.5 to 0.7 s, each plot 0.4 to 0.6 s of drawing and PNG encoding (drawn
-once: see _save).
+each one range of the index ix_results_history, and judges them; each plot is drawn once (see
+_save). With a year of nightly runs of 200 results each (benchmarks/report_history.py), the whole
+report of the last run, verdicts and plots included, rendered in 0.84 to 1.07 s on a 2-core box.
 """
 
 from __future__ import annotations
@@ -222,7 +220,7 @@ def _trend(store: Store, run: Run, limit: int | None) -> tuple[dict[str, list[Tr
     series: dict[str, list[TrendPoint]] = {}
     for config in chosen:
         label = labels[config]
-        ordered = sorted(history[config].items())
+        ordered = history[config].items()  # by run: the query's order
         points = [Point(run_id, v, lo, hi, env) for run_id, (v, lo, hi, _, env) in ordered]
         judgements = judge_series(points, higher_is_better=True)
         series[label] = [

@@ -66,22 +66,22 @@ def stored_verdicts(run: Run) -> dict[int, Judgement] | None:
     return {r.id: Judgement(Verdict(r.verdict), r.verdict_change, r.verdict_baseline, r.verdict_reason) for r in measured}
 
 
-def store_verdicts(store: Store, run_id: int) -> dict[int, Judgement]:
-    """Judge run ``run_id``'s measured rows against the nightly history; store and return the
-    verdicts. Nothing is stored while an earlier run is still running: its history is not complete
-    yet, and the run's reports judge it when asked instead. Stored verdicts are what was said when
-    the run finished: a later change of the detector's thresholds does not rewrite them."""
-    verdicts = judge_run(store, store.run(run_id))
+def store_verdicts(store: Store, run_id: int) -> None:
+    """Judge run ``run_id``'s measured rows against the nightly history and store the verdicts.
+    Nothing is judged while an earlier run is still running: its history is not complete yet, and
+    the run's reports judge it when asked instead. Stored verdicts are what was said when the run
+    finished: a later change of the detector's thresholds does not rewrite them."""
     with store.session() as s:
-        unfinished = s.scalar(select(Run.id).where(Run.id < run_id, Run.status == "running").limit(1))
-    if verdicts and unfinished is None:
+        if s.scalar(select(Run.id).where(Run.id < run_id, Run.status == "running").limit(1)) is not None:
+            return
+    verdicts = judge_run(store, store.run(run_id))
+    if verdicts:
         with store.session.begin() as s:
             s.execute(update(Result), [
                 {"id": result_id, "verdict": j.verdict.value, "verdict_change": j.change,
                  "verdict_baseline": j.baseline, "verdict_reason": j.reason}
                 for result_id, j in verdicts.items()
             ])
-    return verdicts
 
 
 def judge_run(store: Store, run: Run, baseline: int | None = None) -> dict[int, Judgement]:
