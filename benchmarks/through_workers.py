@@ -8,16 +8,15 @@ deployments of prefect.yaml (`prefect deploy --all`), starts one `replaybench wo
 ``--gpus`` and triggers the ``nightly`` deployment with ``--shards`` (default: one per worker).
 Then prints, from the store and the Prefect API:
 - wall time from the trigger to the final state, and the run's own wall time (start to finish);
-- time spent measuring (the measuring processes' own clocks, summed over configs) and the
+- time spent measuring (each config's wall time in the measuring pool, summed over configs) and the
   orchestration overhead = wall time - measuring time, from the trigger and within the run (for
   one worker; target <= 10%), with the Prefect overhead per task (task run time - measuring time
   of its config);
 - for several workers on one GPU (``--gpus 0,0``): whether the shards' measurements overlapped in
   time (they must not: the GPU's strict concurrency limit serialises them).
 Run it twice, with ``--gpus 0`` and ``--gpus 0,1``, to get the wall-time ratio of two workers to one.
-On a CPU the default suite's measurements meet the precision target in well under a second, so
-that start-up dominates; ``--precision 0.001`` makes each measurement take its time budget, as on a
-GPU, where measuring is most of a nightly run.
+``--precision 0.001`` makes each measurement take its whole time budget, as the noisy eager figures
+of a GPU host mostly do.
 This is a benchmark, not a test: it prints figures and targets, and never asserts.
 """
 
@@ -51,8 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gpus", default="0", help="one worker per entry; repeat an index to share a GPU")
     parser.add_argument("--shards", type=int, help="default: one per worker")
-    parser.add_argument("--time-budget", type=float, default=3.0)
-    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--time-budget", type=float, help="default: the flow's")
+    parser.add_argument("--processes", type=int, help="default: the flow's")
     parser.add_argument("--precision", type=float, help="target relative half-width (default: the flow's)")
     parser.add_argument("-w", "--workload", action="append", default=[])
     parser.add_argument("--out", help="keep the database, report, logs and a JSON summary here")
@@ -81,6 +80,7 @@ def main() -> None:
         from prefect.deployments import run_deployment
 
         parameters = {"time_budget_s": args.time_budget, "processes": args.processes, "workloads": args.workload}
+        parameters = {k: v for k, v in parameters.items() if v is not None}
         if args.precision is not None:
             parameters["precision"] = args.precision
         print(f"{len(gpus)} worker(s) on GPU(s) {args.gpus}, {shards} shard(s), parameters {parameters}", flush=True)

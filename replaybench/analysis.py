@@ -1,31 +1,128 @@
-"""From measured series to the figures a user reads: results of several measuring processes
-combined, speedups with intervals, break-even points and flags. Torch-free: runs in the
-orchestrating process."""
+"""From the timed units of several measuring processes to the figures a user reads: each mode's
+figures with their intervals, speedups, break-even points, the host's speed, and flags that tell
+the reader something the intervals do not. Torch-free: runs in the orchestrating process.
+
+How a figure and its interval are made is ``replaybench.stats``'s docstring.
+"""
 
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass, field
+from typing import Any
 
-from .results import ConfigResult, ModeResult, Series
-from .stats import speedup_ci, summarize, summarize_groups
+import numpy as np
 
-# Process-to-process spread of a mode's median that is flagged, relative to the median over processes.
-PROCESS_SPREAD_FLAG = 0.05
-IQR_FLAG = 0.10
+from .results import ConfigResult, HostReference, MeasureSettings, ModeResult, Series
+from .stats import Estimate, typical, undisturbed, undisturbed_base
+
+MIN_KEPT = 3  # a process with fewer undisturbed units is left out of a figure
 
 
-def pooled(series: list[Series | None], precision: float) -> Series | None:
-    """One series from the same metric measured in several processes."""
-    if any(s is None for s in series):
-        return None
-    groups = [b for s in series for b in s.groups()]
-    summary = summarize_groups(groups)
+@dataclass
+class Units:
+    """One measuring process's timed units of one config, in order: unit j is one block of each
+    mode, timed between the reference blocks ``ref_before[j]`` and ``ref_after[j]``."""
+
+    ref_before: list[float] = field(default_factory=list)
+    ref_after: list[float] = field(default_factory=list)
+    blocks: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, timed: dict[str, list[float]]) -> None:
+        """Append the units of one reply of ``engine.timed_units``."""
+        refs = timed["ref"]
+        self.ref_before += refs[:-1]
+        self.ref_after += refs[1:]
+        for mode, blocks in timed.items():
+            if mode != "ref":
+                self.blocks.setdefault(mode, []).extend(blocks)
+
+    def __len__(self) -> int:
+        return len(self.ref_before)
+
+    def refs(self) -> list[float]:
+        return [*self.ref_before, *self.ref_after]
+
+    def host_normalised(self, mode: str) -> np.ndarray:
+        """Per unit, the mode's block in units of the host's reference block timed around it."""
+        return np.asarray(self.blocks[mode]) / np.sqrt(np.multiply(self.ref_before, self.ref_after))
+
+    def kept(self, base: float) -> np.ndarray:
+        return undisturbed(self.ref_before, self.ref_after, base)
+
+
+@dataclass
+class Figures:
+    """The reported figures of one set of units: each mode's and each speedup's estimate."""
+
+    base: float
+    masks: list[np.ndarray]  # per process: which units count
+    used: list[int]  # processes with enough undisturbed units
+    throughput: dict[str, Estimate]
+    speedup: dict[str, Estimate]
+    normalised: Estimate | None  # eager in units of the host reference block
+    all_disturbed: bool = False  # no process had enough undisturbed units: every unit counts
+
+    @property
+    def estimates(self) -> list[Estimate]:
+        return [*self.throughput.values(), *self.speedup.values()]
+
+
+def figures(units: list[Units], modes: list[str], base: float | None = None) -> Figures:
+    """Each mode's figure and each speedup (eager over the mode, unit by unit) over the processes'
+    undisturbed units. A process with fewer than MIN_KEPT of them is left out; if that leaves none,
+    every unit counts (the host was disturbed throughout, and the flags say so)."""
+    if base is None:
+        base = undisturbed_base([r for u in units for r in u.refs()])
+    masks = [u.kept(base) for u in units]
+    used = [i for i, m in enumerate(masks) if m.sum() >= MIN_KEPT]
+    all_disturbed = not used
+    if all_disturbed:
+        masks = [np.ones(len(u), bool) for u in units]
+        used = [i for i, u in enumerate(units) if len(u)]
+
+    def per_process(values) -> list[np.ndarray]:
+        return [np.asarray(values(units[i]))[masks[i]] for i in used]
+
+    throughput = {m: typical(per_process(lambda u: u.blocks[m])) for m in modes}
+    speedup = {
+        m: typical(per_process(lambda u: np.asarray(u.blocks["eager"]) / np.asarray(u.blocks[m])))
+        for m in modes if m != "eager" and "eager" in modes
+    }
+    normalised = typical(per_process(lambda u: u.host_normalised("eager"))) if "eager" in modes else None
+    return Figures(base, masks, used, throughput, speedup, normalised, all_disturbed)
+
+
+def interim(units: list[Units], modes: list[str]) -> tuple[list[Estimate], list[int]]:
+    """What the stopping rule needs after a round: every reported estimate, and the undisturbed
+    units of each process the figures rest on (none while fewer than half the processes count)."""
+    if any(len(u) == 0 for u in units):
+        return [], []
+    f = figures(units, modes)
+    kept = [int(f.masks[i].sum()) for i in f.used]
+    return f.estimates, kept if 2 * len(f.used) >= len(units) else []
+
+
+def _series(estimate: Estimate, groups: list[list[float]], masks: list[np.ndarray], used: list[int], precision: float) -> Series:
+    blocks = [b for g in groups for b in g]
+    kept = [bool(k) for m in masks for k in m]
+    kept_blocks = np.asarray([b for b, k in zip(blocks, kept) if k] or blocks)
+    q1, q3 = np.percentile(kept_blocks, [25, 75])
     return Series(
-        **summary.__dict__,
-        precision_met=all(s.precision_met for s in series),
-        blocks=[x for g in groups for x in g],
-        per_process=[len(g) for g in groups],
+        value=estimate.value, ci_low=estimate.ci_low, ci_high=estimate.ci_high, n=int(kept_blocks.size),
+        minimum=float(kept_blocks.min()), maximum=float(kept_blocks.max()), iqr=float(q3 - q1),
+        precision_met=estimate.rel_halfwidth <= precision, blocks=blocks, per_process=[len(g) for g in groups],
+        kept=kept, process_values=[float(np.median(np.asarray(groups[i])[masks[i]])) for i in used],
     )
+
+
+def _plain_series(groups: list[list[float]], precision: float) -> Series | None:
+    """A metric without reference blocks (GPU time, host enqueue time): every block counts."""
+    groups = [g for g in groups if g]
+    if not groups:
+        return None
+    masks = [np.ones(len(g), bool) for g in groups]
+    return _series(typical(groups), groups, masks, list(range(len(groups))), precision)
 
 
 def _median(values):
@@ -33,85 +130,125 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
-def combine(results: list[ConfigResult], precision: float) -> ConfigResult:
-    """Results of one config from several measuring processes, as one result."""
-    if len(results) == 1:
-        result = results[0]
-        result.cpu_cores = result.cpu_cores or [result.cpu_core]
-        return result
-    first, last = results[0], results[-1]
+def assemble(
+    config, settings: MeasureSettings, reports: list[dict[str, Any]], units: list[Units], finishes: list[dict[str, Any]],
+    cpu_cores: list, measuring_s: float | None = None,
+) -> ConfigResult:
+    """One ConfigResult from every process's prepare report, timed units and finish report."""
+    first = reports[0]
+    timed = [m for m in settings.modes if units and all(m in u.blocks for u in units) and all(len(u) for u in units)]
+    # The latest word on each mode from each process: a failure anywhere is the result.
+    verdicts: dict[str, list[ModeResult]] = {m: [] for m in settings.modes}
+    for r in [*reports, *finishes]:
+        for name, mode in r.get("modes", {}).items():
+            verdicts[name].append(mode)
+    f = figures(units, timed) if timed else None
+    finish_gpu = [fin.get("gpu") or {} for fin in finishes]
+    kernels = next((fin["kernels"] for fin in finishes if fin.get("kernels") is not None), None)
     modes = []
-    for name in [m.mode for m in first.modes]:
-        parts = [r.mode(name) for r in results]
-        bad = next((m for m in parts if m.status != "ok"), None)
-        if bad is not None:  # a failure in any process is the result: never pool around it
-            modes.append(bad)
+    for name in settings.modes:
+        seen = verdicts[name]
+        bad = next((m for m in reversed(seen) if m.status in ("failed", "crashed")), None)
+        if bad is not None or name not in timed:
+            modes.append(bad or (seen[0] if seen else ModeResult(mode=name, status="skipped", reason="not prepared")))
             continue
-        modes.append(
-            ModeResult(
-                mode=name,
-                status="ok",
-                throughput=pooled([m.throughput for m in parts], precision),
-                latency=pooled([m.latency for m in parts], precision),
-                gpu=pooled([m.gpu for m in parts], precision),
-                host_enqueue=pooled([m.host_enqueue for m in parts], precision),
-                iters_per_block=parts[0].iters_per_block,
-                kernels_per_iter=parts[0].kernels_per_iter,
-                capture_s=_median(m.capture_s for m in parts),
-                first_replay_s=_median(m.first_replay_s for m in parts),
-                graph_pool_bytes=parts[0].graph_pool_bytes,
-                compile_s=_median(m.compile_s for m in parts),
-                graphs_used=parts[0].graphs_used,
-                max_abs_diff=max((m.max_abs_diff for m in parts if m.max_abs_diff is not None), default=None),
-                flags=list(dict.fromkeys(f for m in parts for f in m.flags)),
-            )
+        parts = [m for m in seen if m.status == "ok"]
+        groups = [u.blocks[name] for u in units]
+        latency_units = [_latency_units(fin, name) for fin in finishes]
+        latency = None
+        if all(latency_units):
+            lf = figures(latency_units, [name], base=f.base)
+            latency = _series(lf.throughput[name], [u.blocks[name] for u in latency_units], lf.masks, lf.used, settings.precision)
+        gpu = [g.get(name, ([], []))[0] for g in finish_gpu]
+        enqueue = [g.get(name, ([], []))[1] for g in finish_gpu]
+        r = ModeResult(
+            mode=name,
+            status="ok",
+            throughput=_series(f.throughput[name], groups, f.masks, f.used, settings.precision),
+            latency=latency,
+            gpu=_plain_series(gpu, settings.precision) if all(gpu) else None,
+            host_enqueue=_plain_series(enqueue, settings.precision) if all(enqueue) else None,
+            iters_per_block=parts[0].iters_per_block,
+            kernels_per_iter=kernels if name in ("eager", "graph") else None,
+            capture_s=_median(m.capture_s for m in parts),
+            first_replay_s=_median(m.first_replay_s for m in parts),
+            graph_pool_bytes=parts[0].graph_pool_bytes,
+            compile_s=_median(m.compile_s for m in parts),
+            graphs_used=parts[0].graphs_used,
+            max_abs_diff=max((m.max_abs_diff for m in parts if m.max_abs_diff is not None), default=None),
+            flags=list(dict.fromkeys(fl for m in parts for fl in m.flags)),
         )
-    return ConfigResult(
-        workload=first.workload,
-        params=first.params,
-        device=first.device,
+        if finish_gpu and not all(gpu) and any(finish_gpu):
+            r.flags.append("GPU time not measured: enqueueing outlasted every hold of the stream (does the call wait for the GPU?)")
+        if name == "eager" and f.normalised is not None:
+            r.host_normalised = _series(f.normalised, [u.host_normalised(name).tolist() for u in units], f.masks, f.used,
+                                        settings.precision)
+        if name in f.speedup:
+            s = f.speedup[name]
+            r.speedup, r.speedup_ci_low, r.speedup_ci_high = s.value, s.ci_low, s.ci_high
+            r.speedup_per_process = [
+                float(np.median((np.asarray(units[i].blocks["eager"]) / np.asarray(units[i].blocks[name]))[f.masks[i]]))
+                for i in f.used
+            ]
+        modes.append(r)
+    host = _host(units, f) if f else None
+    result = ConfigResult(
+        workload=config.workload,
+        params=config.params,
+        device=first.get("device", "unknown"),
         modes=modes,
-        cpu_core=first.cpu_core,
-        cpu_cores=[r.cpu_core for r in results],
-        host_calibration_s=_median(r.host_calibration_s for r in results),
-        load_average=first.load_average,
-        health_before=first.health_before,
-        health_after=last.health_after,
-        measuring_s=sum(r.measuring_s or 0 for r in results),
-        attempts=max(r.attempts for r in results),
+        cpu_core=first.get("cpu_core"),
+        cpu_cores=cpu_cores,
+        host=host,
+        load_average=first.get("load_average"),
+        health_before=first.get("health_before"),
+        health_after=finishes[-1].get("health_after") if finishes else None,
+        measuring_s=measuring_s,
+        process_unusable=any(r.get("process_unusable") for r in [*reports, *finishes]),
+    )
+    return derive(result, settings, f, cpu_cores)
+
+
+def _latency_units(finish: dict, mode: str) -> Units | None:
+    timed = finish.get("latency")
+    if not timed or mode not in timed:
+        return None
+    u = Units()
+    u.add({"ref": timed["ref"], mode: timed[mode]})
+    return u
+
+
+def _host(units: list[Units], f: Figures) -> HostReference:
+    total = sum(len(u) for u in units)
+    kept = sum(int(u.kept(f.base).sum()) for u in units)
+    return HostReference(
+        base_s=f.base,
+        share_disturbed=1 - kept / total if total else 0.0,
+        slowest=max((r for u in units for r in u.refs()), default=f.base) / f.base,
+        before=[u.ref_before for u in units],
+        after=[u.ref_after for u in units],
     )
 
 
-def derive(result: ConfigResult) -> ConfigResult:
-    """Speedups with their intervals, break-even points and flags, from the measured series."""
+def derive(result: ConfigResult, settings: MeasureSettings, f: Figures | None = None, cores: list | None = None) -> ConfigResult:
+    """Break-even points, and the flags that say what an interval does not: a measuring process
+    left out, the host disturbed throughout, a throttled GPU. (An interval wider than the target
+    says so itself; ``precision_met`` records it, and the host table the share set aside.)"""
     eager = result.mode("eager")
     for r in result.modes:
         if r.status != "ok" or r.throughput is None:
             continue
-        t = r.throughput
-        groups = t.groups()
-        if not t.precision_met:
-            # The target applies in each process; name the least precise one.
-            worst = max((summarize(g) for g in groups), key=lambda g: g.rel_halfwidth)
-            where = f" in one of {len(groups)} measuring processes" if len(groups) > 1 else ""
-            r.flags.append(f"precision target not met{where}: median +/- {worst.rel_halfwidth:.1%} after {worst.n} blocks")
-        if t.iqr / t.median > IQR_FLAG:
-            r.flags.append(f"high spread: IQR {t.iqr / t.median:.0%} of the median")
-        if len(groups) > 1:
-            medians = [statistics.median(g) for g in groups]
-            spread = (max(medians) - min(medians)) / t.median
-            if spread > PROCESS_SPREAD_FLAG:
-                r.flags.append(
-                    f"medians differ by {spread:.0%} between {len(groups)} measuring processes "
-                    f"({min(medians) * 1e6:.1f} to {max(medians) * 1e6:.1f} us): host noise"
-                )
+        if r.mode == "eager" and f is not None:
+            left_out = [i for i in range(len(f.masks)) if i not in f.used]
+            if f.all_disturbed:
+                r.flags.append("host disturbed throughout: no measuring process had undisturbed units, so every unit counts")
+            elif left_out:
+                where = ", ".join(f"core {cores[i]}" if cores and cores[i] is not None else f"process {i + 1}" for i in left_out)
+                r.flags.append(f"left out, disturbed throughout: the measuring process on {where}")
         for when, h in (("before", result.health_before), ("after", result.health_after)):
             if h and h.get("throttled"):
                 r.flags.append(f"GPU throttled {when} measuring: {', '.join(h.get('throttle_reasons', []))}")
-        if r.mode == "eager" or not (eager and eager.status == "ok" and eager.throughput):
-            continue
-        r.speedup, r.speedup_ci_low, r.speedup_ci_high = speedup_ci(eager.throughput.groups(), groups)
-        if r.mode == "graph" and r.capture_s is not None:
-            saved = eager.throughput.median - t.median
-            r.break_even_replays = (r.capture_s + r.first_replay_s) / saved if saved > 0 else None
+        if r.mode == "graph" and r.capture_s is not None and eager and eager.throughput:
+            saved = eager.throughput.value - r.throughput.value
+            r.break_even_replays = (r.capture_s + (r.first_replay_s or 0)) / saved if saved > 0 else None
     return result

@@ -68,9 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--mode", action="append", default=[], metavar="MODE", help=", ".join(MODES) + " (default: eager, graph)")
     run.add_argument("--set", action="append", default=[], type=_size, metavar="KEY=V1,V2", help="narrow another grid key")
     run.add_argument("--full-grid", action="store_true", help="each workload's full grid, not its default grid")
-    run.add_argument("--precision", type=float, help="target relative half-width of the median's 95%% CI (default 0.01)")
-    run.add_argument("--time-budget", type=float, metavar="SECONDS", help="measuring time per mode per config (default 3)")
-    run.add_argument("--processes", type=int, metavar="N", help="measuring processes per GPU, each config measured in all (default 3)")
+    run.add_argument("--precision", type=float, help="stop once every reported 95%% interval is within +/- this (default 0.02)")
+    run.add_argument("--time-budget", type=float, metavar="SECONDS", help="seconds of timed rounds per config (default 3)")
+    run.add_argument("--processes", type=int, metavar="N", help="measuring processes per GPU, each config timed in all (default 6)")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="per-config limit; a hung config is killed (default 600)")
     run.add_argument("--trigger", choices=("cli", "adhoc", "nightly"), default="cli")
     common(run)
@@ -199,11 +199,11 @@ def cmd_runs(args) -> int:
 
 def cmd_compare(args) -> int:
     from .report import md_cell, params_label
-    from .verdicts import compare_runs
+    from .verdicts import _column, compare_runs
 
     rows = []
     for r, j in compare_runs(_store(args), args.base, args.run):
-        figure = "speedup" if r.mode != "eager" else "throughput_s"
+        figure = _column(r)
         rows.append({
             "workload": r.workload, "params": r.params, "mode": r.mode, "figure": figure,
             "value": getattr(r, figure), "baseline": j.baseline, "change": j.change,
@@ -215,8 +215,10 @@ def cmd_compare(args) -> int:
     header = ("workload", "config", "mode", "figure", f"run {args.base}", f"run {args.run}", "change", "verdict")
 
     def cells(row):
-        fmt = (lambda v: "n/a" if v is None else f"{v * 1e6:.2f} us") if row["figure"] == "throughput_s" else (
-            lambda v: "n/a" if v is None else f"{v:.2f}x")
+        fmt = {
+            "throughput_s": lambda v: "n/a" if v is None else f"{v * 1e6:.2f} us",
+            "host_normalised": lambda v: "n/a" if v is None else f"{v:.4g} x ref",
+        }.get(row["figure"], lambda v: "n/a" if v is None else f"{v:.2f}x")
         change = "n/a" if row["change"] is None else f"{row['change']:+.1%}"
         return (row["workload"], params_label(row["params"]), row["mode"], row["figure"].replace("_s", ""),
                 fmt(row["baseline"]), fmt(row["value"]), change, row["verdict"])

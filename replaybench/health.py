@@ -9,7 +9,6 @@ import platform
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +54,6 @@ def pin_to_core(core: int | None) -> int | None:
     except OSError:
         return None
     return chosen
-
-
-def host_calibration(iterations: int = 200_000) -> float:
-    """Seconds for a fixed pure-Python loop: a host that runs this slower runs launches slower."""
-    start = time.perf_counter()
-    total = 0
-    for i in range(iterations):
-        total += i
-    return time.perf_counter() - start
 
 
 def git_commit() -> str | None:

@@ -28,17 +28,19 @@ class RunParameters(BaseModel):
     )
     full_grid: bool = Field(False, description="each workload's full grid instead of its default grid")
     modes: list[Mode] = Field(default_factory=lambda: list(DEFAULT_MODES), min_length=1)
-    precision: float = Field(0.01, ge=0.001, le=0.5, description="target relative half-width of the 95% CI")
-    time_budget_s: float = Field(3.0, gt=0, le=600, description="measuring seconds per mode per config")
-    min_blocks: int = Field(10, ge=6, le=10_000)
+    precision: float = Field(
+        0.02, ge=0.001, le=0.5, description="stop once every reported 95% interval is within +/- this of its figure"
+    )
+    time_budget_s: float = Field(3.0, gt=0, le=600, description="seconds of timed rounds per config, all modes together")
+    min_units: int = Field(6, ge=3, le=10_000, description="fewest undisturbed timed units per measuring process")
     processes: int = Field(
-        3, ge=1, le=16, description="measuring processes per GPU; each config is measured in every one"
+        6, ge=1, le=16, description="measuring processes per GPU; each config is timed in every one, in turn"
     )
     timeout_s: float = Field(600, ge=1, le=24 * 3600, description="per-config limit; a hung config is killed")
 
     def measure_settings(self) -> MeasureSettings:
         return MeasureSettings(
-            modes=self.modes, precision=self.precision, min_blocks=self.min_blocks, time_budget_s=self.time_budget_s
+            modes=self.modes, precision=self.precision, min_units=self.min_units, time_budget_s=self.time_budget_s
         )
 
     def configs(self, registry: Registry) -> list[BenchConfig]:

@@ -79,8 +79,8 @@ def pct(x) -> str:
     return "n/a" if x is None else f"{x:.0%}"
 
 
-def ms(seconds) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:,.2f}"
+def ms(seconds, digits: int = 2) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:,.{digits}f}"
 
 
 def mib(n) -> str:

@@ -27,9 +27,11 @@ Status = Literal["ok", "skipped", "failed", "crashed"]
 
 class MeasureSettings(BaseModel):
     modes: list[Mode] = Field(default_factory=lambda: list(DEFAULT_MODES))
-    precision: float = Field(0.01, gt=0, le=0.5, description="target relative half-width of the 95% CI of the median")
-    min_blocks: int = Field(10, ge=6, le=10_000, description="fewest blocks per series (6 is the least for a 95% CI)")
-    time_budget_s: float = Field(3.0, gt=0, le=600, description="measuring time per mode for throughput")
+    precision: float = Field(
+        0.02, gt=0, le=0.5, description="target relative half-width of every reported 95% interval (speedups included)"
+    )
+    min_units: int = Field(6, ge=3, le=10_000, description="fewest undisturbed timed units per measuring process")
+    time_budget_s: float = Field(3.0, gt=0, le=600, description="seconds of timed rounds per config, all modes together")
     block_s: float = Field(0.005, gt=0, le=1, description="target duration of one timed block")
     warmup_iters: int = Field(20, ge=1, le=100_000)
     seed: int = 0
@@ -43,19 +45,26 @@ class MeasureSettings(BaseModel):
 
 
 class Series(BaseModel):
-    """Summary of one metric's blocks (seconds per iteration) and the blocks themselves."""
+    """One metric of one mode (seconds per iteration), combined over the measuring processes.
 
-    n: int
-    median: float
+    ``value`` is the reported figure: the geometric mean over processes of each process's median
+    over its kept blocks; ``ci_low``/``ci_high`` its 95% interval (replaybench.stats.typical).
+    """
+
+    value: float
     ci_low: float
     ci_high: float
+    n: int  # blocks the figure rests on (kept blocks of every process)
     minimum: float
     maximum: float
     iqr: float
     precision_met: bool
-    blocks: list[float]
+    blocks: list[float]  # every block, each process's in turn
     # blocks measured by each measuring process, in order (blocks[:k0] by the first, ...)
     per_process: list[int] = Field(default_factory=list)
+    # per block: False where the host's reference block showed the core disturbed (set aside)
+    kept: list[bool] = Field(default_factory=list)
+    process_values: list[float] = Field(default_factory=list)  # each process's own median
 
     def groups(self) -> list[list[float]]:
         sizes = self.per_process or [len(self.blocks)]
@@ -64,7 +73,20 @@ class Series(BaseModel):
 
     @property
     def rel_halfwidth(self) -> float:
-        return (self.ci_high - self.ci_low) / 2 / self.median if self.median else float("inf")
+        return (self.ci_high - self.ci_low) / 2 / self.value if self.value else float("inf")
+
+
+class HostReference(BaseModel):
+    """The host's speed while a config was measured: a fixed CPU block (``engine.reference_block``)
+    timed before and after every timed unit. A unit whose reference took ``DISTURBED`` times the
+    undisturbed reference time or more was measured while its core ran slow, and is set aside."""
+
+    base_s: float  # the undisturbed reference time
+    share_disturbed: float  # of the timed units
+    slowest: float  # the slowest reference block over base_s
+    # per process, per timed unit: the reference blocks timed before and after it
+    before: list[list[float]] = Field(default_factory=list)
+    after: list[list[float]] = Field(default_factory=list)
 
 
 class ModeResult(BaseModel):
@@ -76,11 +98,15 @@ class ModeResult(BaseModel):
     latency: Series | None = None
     gpu: Series | None = None
     host_enqueue: Series | None = None
+    # eager only: its throughput blocks in units of the host reference block timed around each
+    # (dimensionless): steadier across runs than eager itself where the host's speed drifts
+    host_normalised: Series | None = None
     iters_per_block: int | None = None
     kernels_per_iter: float | None = None
     speedup: float | None = None
     speedup_ci_low: float | None = None
     speedup_ci_high: float | None = None
+    speedup_per_process: list[float] = Field(default_factory=list)  # each process's own speedup
     capture_s: float | None = None
     first_replay_s: float | None = None
     graph_pool_bytes: int | None = None
@@ -93,13 +119,13 @@ class ModeResult(BaseModel):
     @property
     def launch_overhead_s(self) -> float | None:
         if self.throughput and self.gpu:
-            return max(self.throughput.median - self.gpu.median, 0.0)
+            return max(self.throughput.value - self.gpu.value, 0.0)
         return None
 
     @property
     def launch_bound_fraction(self) -> float | None:
         overhead = self.launch_overhead_s
-        return overhead / self.throughput.median if overhead is not None else None
+        return overhead / self.throughput.value if overhead is not None else None
 
 
 class ConfigResult(BaseModel):
@@ -109,7 +135,7 @@ class ConfigResult(BaseModel):
     modes: list[ModeResult]
     cpu_core: int | None = None
     cpu_cores: list[int | None] = Field(default_factory=list)  # one per measuring process
-    host_calibration_s: float | None = None
+    host: HostReference | None = None
     load_average: list[float] | None = None
     health_before: dict[str, Any] | None = None
     health_after: dict[str, Any] | None = None

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, create_engine, event, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship, sessionmaker
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
 from .results import ConfigResult, ModeResult
 from .workload import params_json
@@ -109,6 +109,10 @@ class Result(Base):
     gpu_ci_low: Mapped[float | None]
     gpu_ci_high: Mapped[float | None]
     host_enqueue_s: Mapped[float | None]
+    # eager only: throughput over the host reference block's time, and its 95% interval
+    host_normalised: Mapped[float | None]
+    host_normalised_ci_low: Mapped[float | None]
+    host_normalised_ci_high: Mapped[float | None]
     kernels_per_iter: Mapped[float | None]
     launch_overhead_s: Mapped[float | None]
     launch_bound_fraction: Mapped[float | None]
@@ -122,7 +126,10 @@ class Result(Base):
     compile_s: Mapped[float | None]
     graphs_used: Mapped[bool | None] = mapped_column(Boolean)
     max_abs_diff: Mapped[float | None] = mapped_column(Float)
-    host_calibration_s: Mapped[float | None]
+    # The host's undisturbed reference time while this config was measured, and the share of its
+    # timed units set aside because the CPU reference showed the core disturbed (analysis.py).
+    host_reference_s: Mapped[float | None]
+    host_disturbed_share: Mapped[float | None]
     flags: Mapped[list[Any]] = mapped_column(default=list)
     health: Mapped[dict[str, Any]] = mapped_column(default=dict)
     # raw block timings per metric, so that any statistic can be recomputed later
@@ -140,9 +147,22 @@ class Result(Base):
     def noisy(self) -> bool:
         return bool(self.flags)
 
+    def process_values(self, metric: str = "throughput") -> list[float]:
+        """Each measuring process's own figure of ``metric`` (its median over its kept blocks)."""
+        return list(((self.samples or {}).get("process_values") or {}).get(metric) or [])
+
+    @property
+    def units(self) -> tuple[int, int]:
+        """(timed units kept, timed units) over every measuring process."""
+        kept = ((self.samples or {}).get("kept") or {}).get("throughput") or []
+        return sum(map(bool, kept)), len(kept)
+
 
 def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | None = None) -> Result:
     t, lat, g, enq = m.throughput, m.latency, m.gpu, m.host_enqueue
+    hn = m.host_normalised
+    metrics = [(k, s) for k, s in (("throughput", t), ("latency", lat), ("gpu", g), ("host_enqueue", enq),
+                                   ("host_normalised", hn)) if s]
     return Result(
         run_id=run_id,
         workload=config.workload,
@@ -156,7 +176,7 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | Non
         gpu=gpu,
         cpu_core=config.cpu_core,
         attempts=config.attempts,
-        throughput_s=t and t.median,
+        throughput_s=t and t.value,
         throughput_ci_low=t and t.ci_low,
         throughput_ci_high=t and t.ci_high,
         throughput_min=t and t.minimum,
@@ -165,13 +185,16 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | Non
         throughput_blocks=t and t.n,
         iters_per_block=m.iters_per_block,
         precision_met=t and t.precision_met,
-        latency_s=lat and lat.median,
+        latency_s=lat and lat.value,
         latency_ci_low=lat and lat.ci_low,
         latency_ci_high=lat and lat.ci_high,
-        gpu_s=g and g.median,
+        gpu_s=g and g.value,
         gpu_ci_low=g and g.ci_low,
         gpu_ci_high=g and g.ci_high,
-        host_enqueue_s=enq and enq.median,
+        host_enqueue_s=enq and enq.value,
+        host_normalised=hn and hn.value,
+        host_normalised_ci_low=hn and hn.ci_low,
+        host_normalised_ci_high=hn and hn.ci_high,
         kernels_per_iter=m.kernels_per_iter,
         launch_overhead_s=m.launch_overhead_s,
         launch_bound_fraction=m.launch_bound_fraction,
@@ -185,7 +208,8 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | Non
         compile_s=m.compile_s,
         graphs_used=m.graphs_used,
         max_abs_diff=m.max_abs_diff,
-        host_calibration_s=config.host_calibration_s,
+        host_reference_s=config.host and config.host.base_s,
+        host_disturbed_share=config.host and config.host.share_disturbed,
         flags=list(m.flags),
         health={
             "before": config.health_before,
@@ -195,9 +219,13 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | Non
             "cpu_cores": config.cpu_cores,
         },
         samples={
-            **{k: s.blocks for k, s in (("throughput", t), ("latency", lat), ("gpu", g), ("host_enqueue", enq)) if s},
-            # blocks per measuring process, in order, for statistics that resample processes
-            "per_process": {k: s.per_process for k, s in (("throughput", t), ("latency", lat), ("gpu", g), ("host_enqueue", enq)) if s},
+            **{k: s.blocks for k, s in metrics},
+            # blocks per measuring process, in order; which of them counted; each process's figure
+            "per_process": {k: s.per_process for k, s in metrics},
+            "kept": {k: s.kept for k, s in metrics},
+            "process_values": {k: s.process_values for k, s in metrics},
+            "speedup_per_process": m.speedup_per_process,
+            "host_reference": {"before": config.host.before, "after": config.host.after} if config.host else {},
         },
     )
 

@@ -10,7 +10,7 @@ def one_line(result: ConfigResult) -> str:
     parts = []
     for m in result.modes:
         if m.status == "ok" and m.throughput:
-            text = f"{m.mode} {m.throughput.median * 1e6:.1f} us"
+            text = f"{m.mode} {m.throughput.value * 1e6:.1f} us"
             if m.speedup is not None:
                 text += f" ({m.speedup:.2f}x [{m.speedup_ci_low:.2f}, {m.speedup_ci_high:.2f}])"
             parts.append(text)

@@ -21,17 +21,27 @@ HISTORY_NIGHTS = 90
 _COLUMNS = (
     Result.run_id, Result.workload, Result.params_key, Result.mode,
     Result.throughput_s, Result.throughput_ci_low, Result.throughput_ci_high,
+    Result.host_normalised, Result.host_normalised_ci_low, Result.host_normalised_ci_high,
     Result.speedup, Result.speedup_ci_low, Result.speedup_ci_high,
     Run.gpu_name, Run.gpu_driver, Run.cuda_version, Run.torch_version,
 )
 
 
-def _metric(r) -> tuple[float | None, float | None, float | None, bool]:
+def _column(r) -> str:
+    """The column a row is judged on: a graph or compile row on its speedup, an eager row on its
+    host-normalised throughput (steadier across runs than eager itself: replaybench.stats), or on
+    its throughput where it has none (rows stored before it existed)."""
+    if r.mode != "eager":
+        return "speedup"
+    return "host_normalised" if r.host_normalised is not None else "throughput_s"
+
+
+def _metric(r, column: str | None = None) -> tuple[float | None, float | None, float | None, bool]:
     """(value, ci_low, ci_high, higher_is_better) of the figure a row (a Result, or a row of
-    ``_COLUMNS``) is judged on."""
-    if r.mode == "eager":
-        return r.throughput_s, r.throughput_ci_low, r.throughput_ci_high, False
-    return r.speedup, r.speedup_ci_low, r.speedup_ci_high, True
+    ``_COLUMNS``) is judged on, or of ``column``."""
+    column = column or _column(r)
+    low, high = (f"{column}_ci_low", f"{column}_ci_high") if column != "throughput_s" else ("throughput_ci_low", "throughput_ci_high")
+    return getattr(r, column), getattr(r, low), getattr(r, high), column == "speedup"
 
 
 def env_key(run) -> tuple:
@@ -39,8 +49,8 @@ def env_key(run) -> tuple:
     return (run.gpu_name, run.gpu_driver, run.cuda_version, run.torch_version)
 
 
-def _key(r) -> tuple[str, str, str]:
-    return (r.workload, r.params_key, r.mode)
+def _key(r) -> tuple[str, str, str, str]:
+    return (r.workload, r.params_key, r.mode, _column(r))
 
 
 def _measured(run: Run) -> list[Result]:
@@ -96,7 +106,9 @@ def judge_run(store: Store, run: Run, baseline: int | None = None) -> dict[int, 
         pinned = _pinned(store, baseline)
         for r in measured:
             value, lo, hi, higher = _metric(r)
-            verdicts[r.id] = compare_points(pinned.get(_key(r)), Point(run.id, value, lo, hi, env_key(run)), higher)
+            base = pinned.get(_key(r)[:3])
+            base = _point(base, _column(r)) if base is not None and _metric(base, _column(r))[0] is not None else None
+            verdicts[r.id] = compare_points(base, Point(run.id, value, lo, hi, env_key(run)), higher)
         return verdicts
     history = _history(store, run.id, {_key(r) for r in measured})
     for r in measured:
@@ -105,19 +117,19 @@ def judge_run(store: Store, run: Run, baseline: int | None = None) -> dict[int, 
     return verdicts
 
 
-def _point(row) -> Point:
-    value, lo, hi, _ = _metric(row)
+def _point(row, column: str | None = None) -> Point:
+    value, lo, hi, _ = _metric(row, column)
     return Point(row.run_id, value, lo, hi, env_key(row))
 
 
-def _history(store: Store, before: int, keys: set[tuple[str, str, str]]) -> dict[tuple, list[Point]]:
-    """(workload, params_key, mode) -> the last ``HISTORY_NIGHTS`` rows measured ok with a value
-    in runs before run ``before``, oldest first (by run, then row). One query per key, each a
-    short range of the index ix_results_history, however long the history."""
+def _history(store: Store, before: int, keys: set[tuple[str, str, str, str]]) -> dict[tuple, list[Point]]:
+    """(workload, params_key, mode, column) -> the last ``HISTORY_NIGHTS`` rows measured ok with a
+    value in that column in runs before run ``before``, oldest first (by run, then row). One query
+    per key, each a short range of the index ix_results_history, however long the history."""
     history = {}
     with store.session() as s:
-        for workload, params_key, mode in sorted(keys):
-            value = Result.throughput_s if mode == "eager" else Result.speedup
+        for workload, params_key, mode, column in sorted(keys):
+            value = getattr(Result, column)
             rows = s.execute(
                 select(*_COLUMNS)
                 .join(Run, Result.run_id == Run.id)
@@ -126,17 +138,17 @@ def _history(store: Store, before: int, keys: set[tuple[str, str, str]]) -> dict
                 .order_by(Result.run_id.desc(), Result.id.desc())
                 .limit(HISTORY_NIGHTS)
             ).all()
-            history[(workload, params_key, mode)] = [_point(row) for row in reversed(rows)]
+            history[(workload, params_key, mode, column)] = [_point(row, column) for row in reversed(rows)]
     return history
 
 
-def _pinned(store: Store, baseline: int) -> dict[tuple, Point]:
-    """(workload, params_key, mode) -> the pinned run's row with a value (the last, if repeated)."""
+def _pinned(store: Store, baseline: int) -> dict[tuple, object]:
+    """(workload, params_key, mode) -> the pinned run's row (the last, if repeated)."""
     with store.session() as s:
         rows = s.execute(
             select(*_COLUMNS).join(Run, Result.run_id == Run.id).where(Result.run_id == baseline).order_by(Result.id)
         ).all()
-    return {_key(row): _point(row) for row in rows if _metric(row)[0] is not None}
+    return {(row.workload, row.params_key, row.mode): row for row in rows}
 
 
 def compare_points(base: Point | None, current: Point, higher_is_better: bool, min_effect: float = 0.03) -> Judgement:

@@ -18,16 +18,18 @@ import tempfile
 import time
 from typing import Any
 
-from .analysis import combine, derive
+from .analysis import Units, assemble, interim
 from .results import ConfigResult, MeasureSettings, ModeResult
+from .stats import StoppingRule
 from .workload import BenchConfig
 
 DEFAULT_TIMEOUT_S = 600.0
+UNITS_PER_ROUND = 2  # timed units a process runs before the next process takes its turn
 STARTUP_TIMEOUT_S = 300.0
 
 
 def _serve(conn, core: int | None, extra_paths: list[str], trace_path: str | None = None) -> None:
-    """Child process main loop."""
+    """Child process main loop: one request, one reply (see ``replaybench.engine.Session``)."""
     from . import health
 
     if trace_path and hasattr(signal, "SIGUSR1"):
@@ -39,7 +41,13 @@ def _serve(conn, core: int | None, extra_paths: list[str], trace_path: str | Non
 
     if pinned is not None:
         torch.set_num_threads(1)  # one core: more threads only contend for it
-    from .engine import measure
+    from .engine import handle, warm_up
+
+    # One-time start-up costs (CUDA context, cuBLAS handles and kernels, graph capture, NVML) paid
+    # now, while every process of the pool starts at once, rather than in the first config, one
+    # process after the other: on an H200 the first config took 31.8 s against 7.4-9.0 s for the
+    # others with a pool of six.
+    warm_up()
     from .workload import load_registry
 
     registry = load_registry(extra_paths)
@@ -47,6 +55,7 @@ def _serve(conn, core: int | None, extra_paths: list[str], trace_path: str | Non
     facts["cpu_core"] = pinned
     facts["workloads_broken"] = registry.broken
     conn.send(("ready", facts))
+    session = None
     while True:
         try:
             message = conn.recv()
@@ -54,10 +63,9 @@ def _serve(conn, core: int | None, extra_paths: list[str], trace_path: str | Non
             return
         if message is None:
             return
-        config, settings = message
-        result = measure(config, settings, registry)
-        conn.send(("result", result))
-        if result.process_unusable:
+        session, reply = handle(session, message, registry)
+        conn.send(reply)
+        if reply.get("process_unusable"):
             return  # a fresh process is the only way back to a usable CUDA context
 
 
@@ -166,46 +174,115 @@ class MeasuringProcess:
                 pass
         self.kill()
 
+    def request(self, message: tuple, deadline: float) -> dict[str, Any]:
+        """Send one request and wait for its reply until ``deadline`` (time.monotonic()). A process
+        that does not answer in time is killed (``Stuck``); one that dies is ``Died``."""
+        if not self.alive:
+            self.start()
+        started = time.monotonic()
+        self.conn.send(message)
+        if not self.conn.poll(max(deadline - time.monotonic(), 0)):
+            where = self.where_stuck()
+            self.kill()
+            raise Stuck(where)
+        try:
+            reply = self.conn.recv()
+        except (EOFError, ConnectionResetError, OSError):
+            self.process.join(10)
+            code = self.process.exitcode
+            self.kill()
+            raise Died(f"the measuring process died ({_signal_name(code)}) after {time.monotonic() - started:.1f} s") from None
+        if reply.get("process_unusable"):
+            self.process.join(30)
+            self.kill()
+        return reply
+
     def measure(self, config: BenchConfig, settings: MeasureSettings, timeout_s: float | None = None) -> ConfigResult:
-        timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        reason = ""
-        for attempt in (1, 2):
-            if not self.alive:
-                self.start()
-            started = time.monotonic()
-            self.conn.send((config, settings))
-            if not self.conn.poll(timeout_s):
-                where = self.where_stuck()
-                self.kill()
-                return crashed(
-                    config,
-                    settings,
-                    f"timed out: no result within {timeout_s:g} s; the measuring process was killed{where}",
-                    attempt,
-                )
-            try:
-                _, result = self.conn.recv()
-            except (EOFError, ConnectionResetError, OSError):
-                self.process.join(10)
-                code = self.process.exitcode
-                self.kill()
-                reason = f"the measuring process died ({_signal_name(code)}) after {time.monotonic() - started:.1f} s"
-                continue  # a crash is retried once in a fresh process
+        """Measure one config in this process alone."""
+        return measure_in([self], config, settings, self.timeout_s if timeout_s is None else timeout_s)
+
+
+class Stuck(Exception):
+    """A measuring process gave no reply in time and was killed; the message says where it was."""
+
+
+class Died(Exception):
+    """A measuring process died while measuring; the message says how."""
+
+
+def measure_in(members: list[MeasuringProcess], config: BenchConfig, settings: MeasureSettings, timeout_s: float) -> ConfigResult:
+    """Measure one config with these measuring processes, within ``timeout_s``: a process that
+    dies is replaced and the config measured again from the start, once."""
+    reason = ""
+    for attempt in (1, 2):
+        deadline = time.monotonic() + timeout_s
+        try:
+            result = _measure_once(members, config, settings, deadline)
             result.attempts = attempt
-            if result.process_unusable:
-                self.process.join(30)
-                self.kill()
             return result
-        return crashed(config, settings, reason + "; retried once in a fresh process, which died too", 2)
+        except Stuck as exc:
+            _release(members)
+            return crashed(config, settings, f"timed out: no result within {timeout_s:g} s; the measuring process was killed{exc}", attempt)
+        except Died as exc:
+            _release(members)
+            reason = str(exc)
+    return crashed(config, settings, reason + "; retried once in a fresh process, which died too", 2)
+
+
+def _measure_once(members, config, settings, deadline) -> ConfigResult:
+    """Prepare the config in each process (stopping at the first that fails a mode: a failure is
+    deterministic and not repeated), time rounds in each process in turn until the stopping rule
+    over the reported figures is met, then finish in each."""
+    started = time.monotonic()
+    prepared: list[tuple[MeasuringProcess, dict]] = []
+    for member in members:
+        report = member.request(("prepare", config, settings), deadline)
+        prepared.append((member, report))
+        if report["failed"] or report["process_unusable"] or not report["timed"]:
+            break
+    reports = [r for _, r in prepared]
+    timed = [m for m in settings.modes if all(m in r["timed"] for r in reports)]
+    units = [Units() for _ in prepared]
+    rule = StoppingRule(settings.precision, settings.min_units, settings.time_budget_s)
+    rounds_started = time.monotonic()
+    while timed:
+        for (member, _), u in zip(prepared, units):
+            reply = member.request(("round", UNITS_PER_ROUND, timed), deadline)
+            if "units" not in reply:  # timing failed in that process: its modes say why
+                reports.append(reply)
+                timed = []
+                break
+            u.add(reply["units"])
+        else:
+            if rule.done(*interim(units, timed), time.monotonic() - rounds_started):
+                break
+    finishes = []
+    for member, _ in prepared:
+        if member.alive:
+            finishes.append(member.request(("finish", timed), deadline))
+    return assemble(config, settings, reports, units, finishes, cpu_cores=[m.core for m, _ in prepared],
+                    measuring_s=time.monotonic() - started)
+
+
+def _release(members: list[MeasuringProcess]) -> None:
+    """After a process died or was killed mid-config, free the config in the others."""
+    for member in members:
+        if member.alive:
+            try:
+                member.request(("release",), time.monotonic() + 30)
+            except (Stuck, Died):
+                pass
 
 
 class MeasuringPool:
-    """The measuring processes of one GPU: each pinned to its own core, used in turn, never at once.
+    """The measuring processes of one GPU: each pinned to its own core, started in parallel once
+    per run, timing in turn, never at once.
 
-    A config is measured in every process, each with an equal share of the time budget, and the
-    results are combined: process-to-process variation (memory layout, core, host state) is then
-    part of every interval instead of hiding between runs. A config that fails or crashes in one
-    process is not repeated in the others.
+    A config is prepared in every process and timed in short rounds, one process after the other,
+    until the stopping rule over the reported figures is met (``replaybench.stats.StoppingRule``):
+    each config's figures rest on several host states (cores, times), and the spread between
+    processes is part of every interval. A config that fails a mode in one process is not repeated
+    in the others.
     """
 
     def __init__(
@@ -219,6 +296,7 @@ class MeasuringPool:
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
         chosen = measuring_cores(cores, processes, gpu_slot())
         self.members = [MeasuringProcess(c, timeout_s, extra_workload_paths) for c in chosen]
+        self.timeout_s = timeout_s
 
     def __enter__(self) -> "MeasuringPool":
         for m in self.members:
@@ -243,13 +321,7 @@ class MeasuringPool:
         return {**self.members[0].environment, "cpu_cores": [m.core for m in self.members], "processes": len(self.members)}
 
     def measure(self, config: BenchConfig, settings: MeasureSettings, timeout_s: float | None = None) -> ConfigResult:
-        share = settings.model_copy(update={"time_budget_s": settings.time_budget_s / len(self.members)})
-        results = []
-        for member in self.members:
-            results.append(member.measure(config, share, timeout_s))
-            if any(m.status != "ok" and m.status != "skipped" for m in results[-1].modes):
-                break
-        return derive(combine(results, settings.precision))
+        return measure_in(self.members, config, settings, self.timeout_s if timeout_s is None else timeout_s)
 
 
 def gpu_slot() -> int:

@@ -37,4 +37,4 @@ def quick():
     """Settings that keep a CPU measurement under a second."""
     from replaybench.results import MeasureSettings
 
-    return MeasureSettings(time_budget_s=0.2, block_s=0.002, warmup_iters=3, min_blocks=6)
+    return MeasureSettings(time_budget_s=0.2, block_s=0.002, warmup_iters=3, min_units=6)

@@ -1,11 +1,18 @@
 """Results with known figures, for storage and report tests."""
 
-from replaybench.results import ConfigResult, ModeResult, Series
-from replaybench.stats import summarize
+import numpy as np
+
+from replaybench.results import ConfigResult, HostReference, ModeResult, Series
+from replaybench.stats import typical
 
 
 def series(blocks, met=True):
-    return Series(**summarize(blocks).__dict__, precision_met=met, blocks=list(blocks))
+    """A one-process Series of these blocks, every one kept."""
+    e = typical([blocks])
+    q1, q3 = np.percentile(blocks, [25, 75])
+    return Series(value=e.value, ci_low=e.ci_low, ci_high=e.ci_high, n=len(blocks), minimum=min(blocks),
+                  maximum=max(blocks), iqr=float(q3 - q1), precision_met=met, blocks=list(blocks),
+                  per_process=[len(blocks)], kept=[True] * len(blocks), process_values=[e.value])
 
 
 def known_result(workload="seed_mlp", eager_us=45.0, graph_us=6.5, reason=None):
@@ -24,4 +31,4 @@ def known_result(workload="seed_mlp", eager_us=45.0, graph_us=6.5, reason=None):
                                 speedup_ci_high=eager_us / graph_us + 0.1, capture_s=0.0123, first_replay_s=0.0004,
                                 graph_pool_bytes=3 * 2**20, break_even_replays=330.0, iters_per_block=1500))
     return ConfigResult(workload=workload, params={"batch_size": 1, "dtype": "float32", "width": 128}, device="NVIDIA H200",
-                        modes=modes, cpu_core=3, host_calibration_s=0.01)
+                        modes=modes, cpu_core=3, host=HostReference(base_s=0.01, share_disturbed=0.25, slowest=2.0))

@@ -1,115 +1,140 @@
-"""Combining measuring processes and deriving speedups: known inputs, known answers."""
+"""From timed units to reported figures: pairing, the estimand, the disturbance filter, failures
+and flags, on known inputs."""
 
 import numpy as np
 import pytest
 
-from replaybench.analysis import combine, derive
-from replaybench.results import ConfigResult, ModeResult
-from replaybench.stats import speedup_ci, summarize_groups
+from replaybench.analysis import Units, assemble, figures, interim
+from replaybench.results import MeasureSettings, ModeResult
+from replaybench.stats import typical
+from replaybench.workload import BenchConfig
 
-from .helpers import series
-
-
-def process_result(eager_us, graph_us, core, rng, graph_status="ok"):
-    eager = list(eager_us * 1e-6 * (1 + 0.01 * rng.standard_normal(40)))
-    graph = list(graph_us * 1e-6 * (1 + 0.002 * rng.standard_normal(40)))
-    modes = [ModeResult(mode="eager", status="ok", throughput=series(eager))]
-    if graph_status == "ok":
-        modes.append(ModeResult(mode="graph", status="ok", throughput=series(graph), capture_s=0.01, first_replay_s=0.001))
-    else:
-        modes.append(ModeResult(mode="graph", status="failed", phase="check", reason="output 0 differs from eager"))
-    return ConfigResult(workload="w", params={}, device="cuda", modes=modes, cpu_core=core, measuring_s=1.0)
+CONFIG = BenchConfig("w", {"batch_size": 1, "dtype": "float32"})
+SETTINGS = MeasureSettings()
+REF = 0.5e-3
 
 
-def test_hierarchical_interval_carries_process_to_process_variation():
+def units(eager, graph, refs=None):
+    """One process's units: eager and graph blocks (s/iter) and per unit a reference time (both
+    references around it)."""
+    u = Units()
+    refs = [REF] * len(eager) if refs is None else refs
+    for e, g, r in zip(eager, graph, refs):
+        u.add({"ref": [r, r], "eager": [e], "graph": [g]})
+    return u
+
+
+def report(**modes):
+    ok = {m: ModeResult(mode=m, status="ok", iters_per_block=100) for m in ("eager", "graph")}
+    ok["graph"].capture_s, ok["graph"].first_replay_s = 0.010, 0.002
+    return {"modes": {**ok, **modes}, "timed": ["eager", "graph"], "failed": False, "device": "cuda",
+            "cpu_core": 1, "process_unusable": False}
+
+
+def finish(eager_gpu=7e-6, graph_gpu=6e-6):
+    return {"modes": {}, "latency": None, "gpu": {"eager": ([eager_gpu] * 4, [40e-6] * 4), "graph": ([graph_gpu] * 4, [4e-6] * 4)},
+            "kernels": 3.0, "health_after": None}
+
+
+def test_the_speedup_is_paired_unit_by_unit_so_drift_common_to_both_blocks_cancels():
+    # The host's speed drifts 1.5x over the units; each unit's eager and graph feel it alike.
+    drift = np.linspace(1.0, 1.5, 40)
+    u = units(40e-6 * drift, 5e-6 * drift)
+    f = figures([u], ["eager", "graph"])
+    assert f.speedup["graph"].value == pytest.approx(8.0)
+    assert f.speedup["graph"].rel_halfwidth < 1e-9  # every unit says 8.0
+    # Unpaired, the ratio of the two medians' intervals would not know that.
+    assert f.throughput["eager"].rel_halfwidth > 0.05
+
+
+def test_the_figure_is_the_geometric_mean_of_the_processes_own_figures():
+    procs = [units([e * 1e-6] * 12, [6.5e-6] * 12) for e in (40, 44, 50)]
+    f = figures(procs, ["eager", "graph"])
+    assert f.throughput["eager"].value == pytest.approx(np.exp(np.mean(np.log([40e-6, 44e-6, 50e-6]))))
+    assert f.speedup["graph"].value == pytest.approx(np.exp(np.mean(np.log([40 / 6.5, 44 / 6.5, 50 / 6.5]))))
+    expected = typical([[40 / 6.5], [44 / 6.5], [50 / 6.5]])
+    assert (f.speedup["graph"].ci_low, f.speedup["graph"].ci_high) == pytest.approx((expected.ci_low, expected.ci_high))
+
+
+def test_units_timed_while_the_core_ran_slow_are_set_aside():
     rng = np.random.default_rng(0)
-    eager = [60 + rng.standard_normal(50), 72 + rng.standard_normal(50), 91 + rng.standard_normal(50)]
-    graph = [6.8 + 0.01 * rng.standard_normal(50) for _ in range(3)]
-    flat_point, flat_lo, flat_hi = speedup_ci(np.concatenate(eager), np.concatenate(graph))
-    point, lo, hi = speedup_ci(eager, graph)
-    per_process = [np.median(e) / np.median(g) for e, g in zip(eager, graph)]
-    assert point == pytest.approx(np.median(per_process)) and flat_lo <= flat_point <= flat_hi
-    # The flat interval pretends all blocks came from one process: far too narrow.
-    assert flat_hi - flat_lo < 0.5 * (max(per_process) - min(per_process))
-    assert lo <= min(per_process) * 1.05 and hi >= max(per_process) * 0.95
-    s = summarize_groups(eager)
-    assert s.ci_low < 65 and s.ci_high > 85 and s.n == 150
+    n = 30
+    slow = rng.random(n) < 0.4
+    refs = np.where(slow, 2 * REF, REF) * (1 + 0.02 * rng.standard_normal(n))
+    eager = np.where(slow, 60e-6, 40e-6)
+    f = figures([units(eager, [5e-6] * n, refs)], ["eager", "graph"])
+    assert f.masks[0].tolist() == (~slow).tolist()
+    assert f.throughput["eager"].value == pytest.approx(40e-6)
+    assert f.speedup["graph"].value == pytest.approx(8.0)
 
 
-def test_combine_pools_blocks_and_derive_flags_host_noise():
+def test_a_process_disturbed_throughout_is_left_out_and_named():
+    clean = [units([40e-6] * 10, [5e-6] * 10) for _ in range(3)]
+    stuck = units([60e-6] * 10, [5e-6] * 10, [2 * REF] * 10)
+    result = assemble(CONFIG, SETTINGS, [report()] * 4, [*clean, stuck], [finish()] * 4, cpu_cores=[15, 14, 13, 12])
+    eager = result.mode("eager")
+    assert eager.throughput.value == pytest.approx(40e-6)
+    assert len(eager.throughput.process_values) == 3
+    assert any("left out, disturbed throughout: the measuring process on core 12" in fl for fl in eager.flags)
+    assert result.host.share_disturbed == pytest.approx(0.25)
+
+
+def test_when_every_unit_is_disturbed_every_unit_counts_and_the_flag_says_so():
+    # Half the units of every process disturbed, leaving each fewer than three undisturbed ones.
+    procs = [units([40e-6, 40e-6, 60e-6, 60e-6], [5e-6] * 4, [REF, REF, 2 * REF, 2 * REF]) for _ in range(4)]
+    f = figures(procs, ["eager", "graph"])
+    assert f.all_disturbed and f.masks[0].all()
+    result = assemble(CONFIG, SETTINGS, [report()] * 4, procs, [finish()] * 4, cpu_cores=[1, 2, 3, 4])
+    assert any("host disturbed throughout" in fl for fl in result.mode("eager").flags)
+    assert result.host.share_disturbed == pytest.approx(0.5)
+
+
+def test_assemble_reports_every_figure_and_the_break_even_point():
     rng = np.random.default_rng(1)
-    parts = [process_result(e, 6.8, core, rng) for e, core in ((60, 15), (72, 14), (91, 13))]
-    result = derive(combine(parts, precision=0.01))
+    procs = [units(40e-6 * (1 + 0.01 * rng.standard_normal(20)), 5e-6 * (1 + 0.001 * rng.standard_normal(20)))
+             for _ in range(3)]
+    result = assemble(CONFIG, SETTINGS, [report()] * 3, procs, [finish()] * 3, cpu_cores=[15, 14, 13], measuring_s=4.2)
     eager, graph = result.mode("eager"), result.mode("graph")
-    assert eager.throughput.per_process == [40, 40, 40]
-    assert eager.throughput.blocks == [b for p in parts for b in p.mode("eager").throughput.blocks]
-    assert result.cpu_cores == [15, 14, 13] and result.measuring_s == 3.0
-    assert graph.speedup == pytest.approx(np.median([np.median(e) / np.median(g) for e, g in
-                                                     zip(eager.throughput.groups(), graph.throughput.groups())]))
-    assert eager.throughput.median == pytest.approx(np.median([np.median(g) for g in eager.throughput.groups()]))
-    assert graph.speedup_ci_low < 60 / 6.8 * 1.05 and graph.speedup_ci_high > 91 / 6.8 * 0.95
-    assert any("medians differ by" in f and "3 measuring processes" in f for f in eager.flags)
-    assert not any("medians differ" in f for f in graph.flags)
-    assert graph.break_even_replays == pytest.approx(0.011 / (eager.throughput.median - graph.throughput.median))
+    assert result.cpu_cores == [15, 14, 13] and result.measuring_s == 4.2
+    assert eager.throughput.per_process == [20, 20, 20] and len(eager.throughput.blocks) == 60
+    assert graph.gpu.value == pytest.approx(6e-6) and eager.kernels_per_iter == 3.0
+    assert graph.speedup == pytest.approx(figures(procs, ["eager", "graph"]).speedup["graph"].value)
+    assert len(graph.speedup_per_process) == 3 and eager.host_normalised is not None
+    assert eager.host_normalised.value == pytest.approx(eager.throughput.value / REF, rel=1e-6)
+    saved = eager.throughput.value - graph.throughput.value
+    assert graph.break_even_replays == pytest.approx(0.012 / saved)
+    assert graph.capture_s == 0.010
 
 
-def test_a_failure_in_any_process_is_the_result():
-    rng = np.random.default_rng(2)
-    parts = [process_result(60, 6.8, 1, rng), process_result(61, 6.8, 0, rng, graph_status="failed")]
-    result = derive(combine(parts, precision=0.01))
+def test_a_failure_in_any_process_is_the_result_and_gets_no_speedup():
+    failed = ModeResult(mode="graph", status="failed", phase="check", reason="output 0 differs from eager")
+    second = report(graph=failed)
+    second["failed"], second["timed"] = True, ["eager"]
+    eager_only = [units([40e-6] * 10, [5e-6] * 10), units([41e-6] * 10, [5e-6] * 10)]
+    for u in eager_only:
+        del u.blocks["graph"]
+    result = assemble(CONFIG, SETTINGS, [report(), second], eager_only, [finish(), finish()], cpu_cores=[1, 0])
     graph = result.mode("graph")
     assert graph.status == "failed" and graph.speedup is None and "differs" in graph.reason
-    assert result.mode("eager").throughput.per_process == [40, 40]
+    assert result.mode("eager").throughput.per_process == [10, 10]
 
 
-def test_one_process_is_left_as_measured():
-    rng = np.random.default_rng(3)
-    part = process_result(45, 6.5, 7, rng)
-    result = derive(combine([part], precision=0.01))
-    assert result.cpu_cores == [7]
-    assert result.mode("graph").speedup == pytest.approx(
-        np.median(part.mode("eager").throughput.blocks) / np.median(part.mode("graph").throughput.blocks)
-    )
+def test_flags_say_what_the_intervals_do_not():
+    rng = np.random.default_rng(2)
+    procs = [units(lv * 1e-6 * (1 + 0.01 * rng.standard_normal(12)), [5e-6] * 12) for lv in (40, 52, 47)]
+    first = report()
+    first["health_before"] = {"throttled": True, "throttle_reasons": ["hardware slowdown"]}
+    result = assemble(CONFIG, SETTINGS, [first, report(), report()], procs, [finish()] * 3, cpu_cores=[1, 2, 3])
+    eager = result.mode("eager")
+    assert "GPU throttled before measuring: hardware slowdown" in " ".join(eager.flags)
+    # A wide interval says so itself: recorded, not flagged.
+    assert not eager.throughput.precision_met and result.mode("graph").throughput.precision_met
+    assert not [fl for fl in eager.flags + result.mode("graph").flags if "throttled" not in fl]
 
 
-def test_few_processes_get_the_student_t_interval_of_their_own_figures():
-    # Three processes, each precise on its own, disagreeing: the interval of the speedup is the t
-    # interval (2 degrees of freedom) of the three per-process speedups on log scale, which a
-    # bootstrap over three processes cannot reach.
-    rng = np.random.default_rng(3)
-    eager = [e + 0.01 * rng.standard_normal(60) for e in (36.0, 41.0, 55.0)]
-    graph = [g + 0.001 * rng.standard_normal(60) for g in (7.0, 6.9, 7.2)]
-    per_process = np.log([np.median(e) / np.median(g) for e, g in zip(eager, graph)])
-    half = 4.302653 * per_process.std(ddof=1) / np.sqrt(3)
-    _, lo, hi = speedup_ci(eager, graph)
-    assert lo == pytest.approx(np.exp(per_process.mean() - half), rel=1e-4)
-    assert hi == pytest.approx(np.exp(per_process.mean() + half), rel=1e-4)
-    assert lo < 36 / 7.0 * 0.9 and hi > 55 / 7.2 * 1.1  # beyond the range of the processes
-    s = summarize_groups(eager)
-    medians = np.log([np.median(e) for e in eager])
-    assert s.ci_high == pytest.approx(np.exp(medians.mean() + 4.302653 * medians.std(ddof=1) / np.sqrt(3)), rel=1e-4)
-
-
-
-def test_each_process_weighs_alike_whatever_its_block_count():
-    # The stopping rule ends a precise process early: block counts of 10, 200 and 20. Pooling the
-    # blocks would let the 200 blocks of the slow process decide; each process is one witness.
-    rng = np.random.default_rng(5)
-    graph = [6.5 + 0.001 * rng.standard_normal(10), 6.9 + 0.001 * rng.standard_normal(200),
-             6.6 + 0.001 * rng.standard_normal(20)]
-    eager = [40 + 0.01 * rng.standard_normal(k) for k in (10, 200, 20)]
-    s = summarize_groups(graph)
-    assert s.median == pytest.approx(6.6, abs=0.01) and s.n == 230
-    assert np.median(np.concatenate(graph)) == pytest.approx(6.9, abs=0.01)  # what pooling would say
-    point, lo, hi = speedup_ci(eager, graph)
-    assert point == pytest.approx(40 / 6.6, rel=1e-3) and lo <= 40 / 6.9 and hi >= 40 / 6.5
-
-
-def test_an_imprecise_process_is_named_in_the_flag():
-    rng = np.random.default_rng(6)
-    parts = [process_result(40, 6.8, core, rng) for core in (15, 14, 13)]
-    noisy = list(40e-6 * (1 + 0.3 * rng.standard_normal(12)))
-    parts[1].modes[0] = ModeResult(mode="eager", status="ok", throughput=series(noisy, met=False))
-    eager = derive(combine(parts, precision=0.01)).mode("eager")
-    expected = summarize_groups(noisy).rel_halfwidth
-    assert f"precision target not met in one of 3 measuring processes: median +/- {expected:.1%} after 12 blocks" in eager.flags
+def test_interim_waits_for_every_process_and_counts_undisturbed_units():
+    a, b = units([40e-6] * 8, [5e-6] * 8), Units()
+    assert interim([a, b], ["eager", "graph"]) == ([], [])
+    b = units([40e-6] * 6, [5e-6] * 6, [REF] * 4 + [2 * REF] * 2)
+    estimates, kept = interim([a, b], ["eager", "graph"])
+    assert kept == [8, 4] and len(estimates) == 3  # eager, graph and the speedup

@@ -27,7 +27,7 @@ def settings(db_url, tmp_path, monkeypatch):
 
 def test_flow_measures_stores_and_reports(harness, settings):
     db_url, reports = settings
-    params = RunParameters(workloads=["seed_mlp"], time_budget_s=0.3, min_blocks=6)
+    params = RunParameters(workloads=["seed_mlp"], time_budget_s=0.3, min_units=6)
     run_id = benchmark(parameters=params, trigger="adhoc")
 
     run = Store(db_url).run(run_id)

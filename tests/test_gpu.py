@@ -27,12 +27,17 @@ def test_seed_mlp_graph_replay_is_checked_and_faster(pool):
     eager, graph = result.mode("eager"), result.mode("graph")
     assert eager.status == "ok" and graph.status == "ok", (eager.reason, graph.reason)
     assert graph.max_abs_diff < 1e-4
-    assert graph.speedup == pytest.approx(np.median(eager.throughput.blocks) / np.median(graph.throughput.blocks))
+    # One process: the speedup is the median over its undisturbed units of eager / graph, unit by unit.
+    kept = np.asarray(eager.throughput.kept)
+    ratios = np.asarray(eager.throughput.blocks) / np.asarray(graph.throughput.blocks)
+    assert kept.sum() >= SETTINGS.min_units and kept.tolist() == graph.throughput.kept
+    assert graph.speedup == pytest.approx(np.median(ratios[kept]))
     assert graph.speedup_ci_low <= graph.speedup <= graph.speedup_ci_high
+    assert result.host.base_s > 0 and 0 <= result.host.share_disturbed < 1
     assert graph.speedup > 1.5  # three launches a call: launch-bound on any GPU
     assert eager.kernels_per_iter >= 3
     assert eager.gpu and graph.gpu and eager.host_enqueue
-    assert 0 < eager.gpu.median < eager.throughput.median
+    assert 0 < eager.gpu.value < eager.throughput.value
     assert 0 < eager.launch_bound_fraction < 1
     assert graph.capture_s > 0 and graph.first_replay_s > 0 and graph.graph_pool_bytes >= 0
     assert graph.break_even_replays > 0
@@ -76,6 +81,21 @@ def test_gpu_hang_is_killed(pool):
     result = pool.measure(BenchConfig("fault_hang", ONE), SETTINGS, timeout_s=20)
     assert "timed out" in result.modes[0].reason
     assert pool.measure(SEED, SETTINGS).mode("graph").status == "ok"
+
+
+def test_two_processes_time_in_turn_and_each_is_a_witness():
+    with MeasuringPool(3, timeout_s=120) as three:
+        result = three.measure(SEED, SETTINGS)
+    eager, graph = result.mode("eager"), result.mode("graph")
+    assert graph.status == "ok", graph.reason
+    assert len(graph.throughput.per_process) == 3 and len(graph.speedup_per_process) == 3
+    # The figure is the geometric mean of the two processes' own figures, its interval the t one.
+    assert graph.speedup == pytest.approx(float(np.exp(np.mean(np.log(graph.speedup_per_process)))))
+    assert graph.throughput.value == pytest.approx(float(np.exp(np.mean(np.log(graph.throughput.process_values)))))
+    assert graph.speedup_ci_low <= graph.speedup <= graph.speedup_ci_high
+    gpu = graph.gpu.process_values
+    assert graph.gpu.ci_low <= graph.gpu.value <= graph.gpu.ci_high and max(gpu) / min(gpu) < 1.1
+    assert eager.latency and graph.latency and len(result.host.per_process) == 3
 
 
 def test_compile_modes_are_checked_and_timed_or_fail_with_a_reason(pool):

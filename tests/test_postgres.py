@@ -128,16 +128,16 @@ def test_round_trip_keeps_every_figure(open_store):
     eager, g = by_mode["eager"], by_mode["graph"]
     exp_eager = expected.mode("eager")
     # float8 round-trips doubles exactly
-    assert eager.throughput_s == exp_eager.throughput.median
+    assert eager.throughput_s == exp_eager.throughput.value
     assert (eager.throughput_ci_low, eager.throughput_ci_high) == (exp_eager.throughput.ci_low, exp_eager.throughput.ci_high)
-    assert g.throughput_s == graph.throughput.median
+    assert g.throughput_s == graph.throughput.value
     assert g.speedup == graph.speedup == pytest.approx(45.0 / 6.5)
     assert (g.speedup_ci_low, g.speedup_ci_high) == (graph.speedup_ci_low, graph.speedup_ci_high)
     assert (g.capture_s, g.first_replay_s, g.break_even_replays) == (0.0123, 0.0004, 330.0)
     assert g.graph_pool_bytes == 3 * 2**31 and isinstance(g.graph_pool_bytes, int)
     assert eager.graph_pool_bytes is None
     assert (g.iters_per_block, eager.iters_per_block, g.throughput_blocks) == (1500, 200, 10)
-    assert g.precision_met is True and eager.cpu_core == 3 and eager.host_calibration_s == 0.01
+    assert g.precision_met is True and eager.cpu_core == 3 and eager.host_reference_s == 0.01 and eager.host_disturbed_share == 0.25
     assert eager.launch_overhead_s == pytest.approx(45e-6 - 7.5e-6, rel=0.05)
     # JSON columns
     assert g.params == eager.params == {"batch_size": 1, "dtype": "float32", "width": 128}
@@ -147,8 +147,10 @@ def test_round_trip_keeps_every_figure(open_store):
     assert eager.samples["throughput"] == exp_eager.throughput.blocks
     assert eager.samples["latency"] == exp_eager.latency.blocks
     assert g.samples["gpu"] == graph.gpu.blocks
-    assert set(g.samples) == {"throughput", "latency", "gpu", "host_enqueue", "per_process"}
-    assert g.samples["per_process"] == {"throughput": [], "latency": [], "gpu": [], "host_enqueue": []}
+    assert set(g.samples) == {"throughput", "latency", "gpu", "host_enqueue", "per_process", "kept", "process_values",
+                              "speedup_per_process", "host_reference"}
+    assert g.samples["per_process"] == {"throughput": [10], "latency": [10], "gpu": [10], "host_enqueue": [10]}
+    assert g.samples["kept"]["throughput"] == [True] * 10 and g.samples["process_values"]["gpu"] == [graph.gpu.value]
     assert eager.health["load_average"] == [0.5, 0.25, 0.125] and eager.health["before"] is None
 
 

@@ -40,9 +40,10 @@ def test_report_tables_hold_the_stored_figures(db_url, tmp_path):
     graph_row = next(r for r in rows if r[1] == "CUDA graph replay")
     assert eager_row[2].startswith(f"{stored['eager'].throughput_s * 1e6:.1f} [")
     assert graph_row[2].startswith(f"{stored['graph'].throughput_s * 1e6:.1f} [")
-    assert graph_row[8].startswith(f"**{stored['graph'].speedup:.2f}x**")
-    assert f"{45.0 / 6.5:.2f}x" in graph_row[8]
-    assert graph_row[6] == f"{stored['graph'].gpu_s * 1e6:.2f}"
+    assert graph_row[4].startswith(f"**{stored['graph'].speedup:.2f}x**")
+    assert f"{45.0 / 6.5:.2f}x" in graph_row[4]
+    # The steady figures beside the speedup: graph replay time and its GPU time, with intervals.
+    assert graph_row[3] == f"{stored['graph'].gpu_s * 1e6:.2f} [{stored['graph'].gpu_ci_low * 1e6:.2f}, {stored['graph'].gpu_ci_high * 1e6:.2f}]"
     assert "geometric-mean speedup **6.92x** over 1 config(s)" in text
     assert "| 12.30 | 0.40 | 3.0 | 330 |" in text  # capture ms, first replay ms, pool MiB, break-even
     assert "| torch | 2.11.0 |" in text
@@ -96,8 +97,8 @@ def test_two_runs_mark_exactly_the_slowed_workload_slower(db_url, tmp_path):
 
     _, text = write_report(store, second, tmp_path, baseline=first)
     assert "(baseline pinned: run 1): **2 slower**, 0 faster, 2 same" in text
-    rows = [row for row in table_rows(text, "batch_size=1") if len(row) == 11]
-    assert sorted(row[9] for row in rows if "SLOWER" in row[9]) == ["**SLOWER** (+33.3%)", "**SLOWER** (-3.7%)"]
+    rows = [row for row in table_rows(text, "batch_size=1") if len(row) == 9]
+    assert sorted(row[7] for row in rows if "SLOWER" in row[7]) == ["**SLOWER** (+33.3%)", "**SLOWER** (-3.7%)"]
     assert section(text, "deep_mlp").count("SLOWER") == 2 and "SLOWER" not in section(text, "seed_mlp")
     # Without a pinned baseline, two nights are too short a history to call a regression.
     _, text = write_report(store, second, tmp_path)
@@ -120,7 +121,7 @@ def test_an_environment_change_is_not_a_regression(db_url, tmp_path):
 def test_launch_overhead_is_throughput_minus_gpu_time(db_url, tmp_path):
     store, run_id = stored_run(db_url, known_result(eager_us=45.0, graph_us=6.5))
     _, text = write_report(store, run_id, tmp_path)
-    eager = next(r for r in table_rows(text, "batch_size=1, dtype=float32, width=128 |") if len(r) == 11 and r[1] == "eager")
+    eager = next(r for r in table_rows(text, "batch_size=1, dtype=float32, width=128 |") if len(r) == 9 and r[1] == "eager")
     stored = next(r for r in store.run(run_id).results if r.mode == "eager")
     overhead = stored.throughput_s - stored.gpu_s
-    assert eager[7] == f"{overhead * 1e6:.1f} ({overhead / stored.throughput_s:.0%})"
+    assert eager[6] == f"{overhead * 1e6:.1f} ({overhead / stored.throughput_s:.0%})"

@@ -1,113 +1,97 @@
+"""Statistics of timed blocks: known inputs, known answers, and coverage where it is claimed."""
+
 import numpy as np
 import pytest
+from scipy import stats as sps
 
-from replaybench.stats import StoppingRule, interleave, median_ci, speedup_ci, summarize
+from replaybench.stats import DISTURBED, Estimate, StoppingRule, median_ci, typical, undisturbed, undisturbed_base
 
 
-def test_median_ci_uses_binomial_order_statistics():
-    # n=10: the 95% interval of the median is [x(2), x(9)] (coverage 97.9%).
-    assert median_ci(range(1, 11)) == (2.0, 9.0)
-    # n=100: [x(40), x(61)].
-    assert median_ci(range(1, 101)) == (40.0, 61.0)
-    # Order does not matter.
-    assert median_ci(list(reversed(range(1, 101)))) == (40.0, 61.0)
+def test_median_ci_is_the_binomial_order_statistic_interval():
+    x = np.arange(1.0, 101.0)  # 100 samples
+    lo, hi = median_ci(x)
+    # P(Binomial(100, 1/2) <= 39) = 0.0176 <= 0.025 < P(<= 40): the 40th and 61st order statistics.
+    assert sps.binom.cdf(39, 100, 0.5) <= 0.025 < sps.binom.cdf(40, 100, 0.5)
+    assert (lo, hi) == (40.0, 61.0)
 
 
 def test_median_ci_with_too_few_samples_is_the_whole_range():
-    assert median_ci([5, 1, 3, 2, 4]) == (1.0, 5.0)
+    assert median_ci([3.0, 1.0, 2.0, 5.0, 4.0]) == (1.0, 5.0)
+    with pytest.raises(ValueError):
+        median_ci([])
 
 
 def test_median_ci_covers_the_true_median_as_promised():
+    rng = np.random.default_rng(0)
+    hits = 0
+    for _ in range(400):
+        x = rng.lognormal(0.0, 0.5, 40)  # skewed, median exactly 1
+        lo, hi = median_ci(x)
+        hits += lo <= 1.0 <= hi
+    assert 0.92 <= hits / 400 <= 0.99
+
+
+def test_one_process_is_its_median_and_the_order_statistic_interval():
+    x = np.linspace(1.0, 2.0, 41)
+    e = typical([x])
+    assert e.value == pytest.approx(1.5)
+    assert (e.ci_low, e.ci_high) == median_ci(x)
+
+
+def test_several_processes_are_the_geometric_mean_of_their_medians_with_a_t_interval():
+    groups = [[10.0, 11.0, 12.0], [20.0, 21.0, 22.0], [40.0, 40.0, 41.0]]
+    e = typical(groups)
+    logs = np.log([11.0, 21.0, 40.0])
+    half = sps.t.ppf(0.975, 2) * logs.std(ddof=1) / np.sqrt(3)
+    assert e.value == pytest.approx(np.exp(logs.mean()))
+    assert (e.ci_low, e.ci_high) == pytest.approx((np.exp(logs.mean() - half), np.exp(logs.mean() + half)))
+    # One estimand: the figure is the centre of its interval on the log scale.
+    assert np.sqrt(e.ci_low * e.ci_high) == pytest.approx(e.value)
+
+
+def test_processes_that_agree_exactly_give_a_point_interval():
+    e = typical([[5.0, 5.0], [5.0, 5.0], [5.0]])
+    assert (e.value, e.ci_low, e.ci_high) == pytest.approx((5.0, 5.0, 5.0)) and e.rel_halfwidth == 0
+
+
+def test_the_interval_over_processes_covers_the_typical_process_as_promised():
+    # Processes differ by a random 10% (lognormal) around a typical 100; 40 noisy blocks each.
     rng = np.random.default_rng(1)
-    true_median = np.log(2)  # of Exp(1): skewed, like host noise
-    covered = 0
-    for _ in range(2000):
-        lo, hi = median_ci(rng.exponential(size=30))
-        covered += lo <= true_median <= hi
-    assert 0.94 <= covered / 2000 <= 0.995
+    hits = 0
+    for _ in range(400):
+        levels = 100 * np.exp(0.1 * rng.standard_normal(6))
+        groups = [lv * np.exp(0.05 * rng.standard_normal(40)) for lv in levels]
+        e = typical(groups)
+        hits += e.ci_low <= 100 <= e.ci_high
+    assert 0.91 <= hits / 400 <= 0.99
 
 
-def test_summary_figures():
-    s = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
-    assert s.median == 3.0 and s.minimum == 1.0 and s.maximum == 100.0
-    assert s.iqr == pytest.approx(2.0)
-    assert s.n == 5
+def test_relative_halfwidth():
+    assert Estimate(10.0, 9.0, 11.5).rel_halfwidth == pytest.approx(0.125)
+    assert Estimate(0.0, 0.0, 1.0).rel_halfwidth == float("inf")
 
 
-def test_speedup_is_baseline_over_candidate_with_an_interval_around_it():
-    rng = np.random.default_rng(0)
-    eager = 50e-6 * (1 + 0.05 * rng.standard_normal(40))
-    graph = 10e-6 * (1 + 0.02 * rng.standard_normal(40))
-    point, lo, hi = speedup_ci(eager, graph)
-    assert point == pytest.approx(np.median(eager) / np.median(graph))
-    assert 4.5 < lo < point < hi < 5.5
-
-
-def test_speedup_interval_widens_with_noise():
-    rng = np.random.default_rng(0)
-    quiet = speedup_ci(10 + 0.01 * rng.standard_normal(30), 2 + 0.01 * rng.standard_normal(30))
-    noisy = speedup_ci(10 + 1.0 * rng.standard_normal(30), 2 + 0.2 * rng.standard_normal(30))
-    assert (noisy[2] - noisy[1]) > 10 * (quiet[2] - quiet[1])
-
-
-def test_stopping_rule_stops_at_min_blocks_when_precise():
-    rule = StoppingRule(precision=0.01, min_blocks=10, budget_s=100)
-    assert not rule.done([[1.0] * 9], 0.0)
-    assert rule.done([[1.0] * 10], 0.0)
-
-
-def test_stopping_rule_waits_for_every_series_then_gives_up_at_the_budget():
-    rng = np.random.default_rng(0)
-    noisy = list(1 + 0.5 * rng.standard_normal(20) ** 2)
-    rule = StoppingRule(precision=0.01, min_blocks=10, budget_s=2.0)
-    assert not rule.met(noisy)
-    assert not rule.done([[1.0] * 20, noisy], elapsed_s=1.0)
-    assert rule.done([[1.0] * 20, noisy], elapsed_s=2.0)
-
-
-def test_interleave_alternates_modes_and_stops_on_the_rule():
-    order = []
-    timers = {
-        "eager": lambda: order.append("eager") or 1.0,
-        "graph": lambda: order.append("graph") or 0.2,
-    }
-    ticks = iter(range(10_000))
-    samples = interleave(StoppingRule(min_blocks=6, budget_s=1e9), timers, clock=lambda: next(ticks))
-    assert order[:6] == ["eager", "graph"] * 3
-    assert order == ["eager", "graph"] * (len(order) // 2)
-    assert samples == {"eager": [1.0] * 6, "graph": [0.2] * 6}
-
-
-def test_interleave_respects_the_time_budget():
-    rng = np.random.default_rng(0)
-    clock = iter(np.arange(0, 1000, 0.5))
-    samples = interleave(
-        StoppingRule(precision=0.001, min_blocks=6, budget_s=10),
-        {"a": lambda: float(1 + rng.exponential())},
-        clock=lambda: next(clock),
-    )
-    assert 6 <= len(samples["a"]) <= 25
-
-
-def test_speedup_interval_covers_the_true_ratio_about_as_promised():
-    """Percentile bootstrap of a ratio of medians, 40 blocks a mode, skewed (lognormal) noise."""
+def test_the_base_sits_in_the_undisturbed_cluster_and_only_disturbed_units_are_set_aside():
+    # The H200 pattern: references near 0.55 ms on an undisturbed core, near 1.05 ms on a disturbed
+    # one, 40% of units disturbed.
     rng = np.random.default_rng(2)
-    trials, covered = 400, 0
-    for seed in range(trials):
-        eager = 40e-6 * rng.lognormal(0, 0.05, 40)  # median 40 us
-        graph = 8e-6 * rng.lognormal(0, 0.02, 40)  # median 8 us: the true speedup is 5
-        _, lo, hi = speedup_ci(eager, graph, seed=seed)
-        covered += lo <= 5.0 <= hi
-    assert 0.88 <= covered / trials <= 0.99
+    fast = 0.55e-3 * (1 + 0.03 * rng.standard_normal(60))
+    slow = 1.05e-3 * (1 + 0.03 * rng.standard_normal(40))
+    base = undisturbed_base(np.concatenate([fast, slow]))
+    assert 0.5e-3 < base < 0.56e-3
+    before = np.concatenate([fast, slow])
+    after = before.copy()
+    after[0] = 1.1e-3  # the core turned slow during the first unit: its closing reference shows it
+    kept = undisturbed(before, after, base)
+    assert not kept[0] and kept[1:60].all() and not kept[60:].any()
+    assert DISTURBED * base < slow.min()
 
 
-def test_bootstrap_draws_in_bounded_chunks_give_the_same_interval(monkeypatch):
-    """Resamples are drawn in chunks to bound memory; the chunk size changes nothing."""
-    import replaybench.stats as stats
-
-    rng = np.random.default_rng(3)
-    eager = [40e-6 * rng.lognormal(0, 0.05, n) for n in (25, 60, 140)]
-    graph = [8e-6 * rng.lognormal(0, 0.02, n) for n in (30, 50, 200)]
-    whole = (speedup_ci(eager, graph), stats.summarize_groups(eager))
-    monkeypatch.setattr(stats, "_DRAW_ELEMENTS", 1000)
-    assert (speedup_ci(eager, graph), stats.summarize_groups(eager)) == whole
+def test_stopping_rule_waits_for_every_process_then_for_every_interval_then_the_budget():
+    rule = StoppingRule(precision=0.02, min_units=6, budget_s=3.0)
+    tight, wide = Estimate(10.0, 9.9, 10.1), Estimate(10.0, 9.0, 11.0)
+    assert not rule.done([tight], [6, 5], 0.5)  # one process short of units
+    assert not rule.done([tight], [], 0.5)  # too few processes have undisturbed units yet
+    assert rule.done([tight, tight], [6, 8], 0.5)
+    assert not rule.done([tight, wide], [6, 8], 2.9)  # the speedup, say, is not there yet
+    assert rule.done([tight, wide], [6, 8], 3.0)  # budget spent: stop, and the flags say so

@@ -27,7 +27,7 @@ def test_round_trip_on_a_real_sqlite_file(db_url, tmp_path):
     assert run.ended_at is not None and run.parameters == {"workloads": ["seed_mlp"]}
     by_mode = {r.mode: r for r in run.results}
     expected = known_result()
-    assert by_mode["eager"].throughput_s == pytest.approx(expected.mode("eager").throughput.median)
+    assert by_mode["eager"].throughput_s == pytest.approx(expected.mode("eager").throughput.value)
     assert by_mode["graph"].speedup == pytest.approx(45.0 / 6.5)
     assert by_mode["graph"].graph_pool_bytes == 3 * 2**20
     assert by_mode["eager"].samples["throughput"] == expected.mode("eager").throughput.blocks
@@ -45,7 +45,7 @@ def test_failures_make_the_run_completed_with_failures(db_url):
 def test_schema_is_at_the_newest_migration(db_url, tmp_path):
     Store(db_url)
     con = sqlite3.connect(tmp_path / "replaybench.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0003",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0004",)
     assert con.execute("pragma journal_mode").fetchone() == ("wal",)
     assert {"runs", "results"} <= set(inspect(Store(db_url).engine).get_table_names())
 
@@ -146,8 +146,8 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
         c.execute(
             text(
                 "insert into results (run_id, measured_at, workload, params, params_key, mode, status, attempts, "
-                "throughput_s, speedup, flags, health, samples) values (7, '2026-11-30 02:01:00', 'seed_mlp', "
-                ":params, :key, 'graph', 'ok', 1, 6.5e-06, 6.9, '[]', '{}', :samples)"
+                "throughput_s, speedup, host_calibration_s, flags, health, samples) values (7, '2026-11-30 02:01:00', "
+                "'seed_mlp', :params, :key, 'graph', 'ok', 1, 6.5e-06, 6.9, 0.012, '[]', '{}', :samples)"
             ),
             {"params": '{"batch_size": 1, "dtype": "float32", "width": 128}', "key": '{"batch_size":1,"dtype":"float32","width":128}',
              "samples": '{"throughput": [6.4e-06, 6.6e-06]}'},
@@ -155,7 +155,7 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
     assert "gpu" not in {c["name"] for c in inspect(engine).get_columns("results")}
     store = Store(url)  # opening upgrades in place
     con = sqlite3.connect(tmp_path / "old.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0003",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0004",)
     indexes = {i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("results")}
     assert indexes == {"ix_results_run_id": ["run_id"], "ix_results_history": ["workload", "params_key", "mode", "run_id"]}
     run = store.run(7)
@@ -163,6 +163,8 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
     (result,) = run.results
     assert (result.workload, result.mode, result.throughput_s, result.speedup) == ("seed_mlp", "graph", 6.5e-06, 6.9)
     assert result.samples == {"throughput": [6.4e-06, 6.6e-06]} and result.gpu is None
+    # host_calibration_s became host_reference_s with its value; the newer figures are empty.
+    assert result.host_reference_s == 0.012 and result.host_disturbed_share is None and result.host_normalised is None
     assert result.verdict is None  # finished before verdicts were stored: its report judges it
     _, text = write_report(store, 7, tmp_path / "reports")
     assert "**0 slower**" in text and "1 new." in text

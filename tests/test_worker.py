@@ -53,7 +53,7 @@ def test_a_crash_is_retried_once_then_recorded(process, quick, name, signal):
     assert process.measure(SEED, quick).mode("eager").status == "ok"
 
 
-def test_a_pool_measures_each_config_in_every_process_and_pools_the_blocks(quick):
+def test_a_pool_times_each_config_in_every_process_in_turn(quick):
     from replaybench.worker import MeasuringPool
 
     with MeasuringPool(2, timeout_s=60, extra_workload_paths=[FAULTS]) as pool:
@@ -62,7 +62,10 @@ def test_a_pool_measures_each_config_in_every_process_and_pools_the_blocks(quick
         eager = result.mode("eager")
         assert eager.status == "ok"
         assert len(eager.throughput.per_process) == 2
-        assert sum(eager.throughput.per_process) == eager.throughput.n == len(eager.throughput.blocks)
+        t = eager.throughput
+        assert sum(t.per_process) == len(t.blocks) == len(t.kept) and t.n == sum(t.kept)
+        # Timed in turn: each process's units, bracketed by the host reference, in its own part.
+        assert t.per_process[0] == t.per_process[1] and [len(b) for b in result.host.before] == t.per_process
         assert len(result.cpu_cores) == 2
         # A deterministic failure is not repeated in the second process.
         failed = pool.measure(BenchConfig("fault_forward_error", ONE), quick)

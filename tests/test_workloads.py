@@ -174,7 +174,7 @@ def test_every_default_config_builds_and_runs(name, params):
         check_outputs(name, params, call(built))
 
 
-SETTINGS = MeasureSettings(time_budget_s=0.1, block_s=0.002, warmup_iters=2, min_blocks=6, force_cpu=True)
+SETTINGS = MeasureSettings(time_budget_s=0.1, block_s=0.002, warmup_iters=2, min_units=6, force_cpu=True)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -183,5 +183,6 @@ def test_engine_measures_eager_and_skips_graph_on_the_cpu(name):
     result = measure(config, SETTINGS, REGISTRY)
     eager, graph = result.mode("eager"), result.mode("graph")
     assert eager.status == "ok", eager.reason
-    assert eager.throughput.n >= SETTINGS.min_blocks and eager.throughput.median > 0
+    # A tenth of a second of rounds: at least one round of units, whatever the host's state.
+    assert len(eager.throughput.blocks) >= 2 and eager.throughput.value > 0
     assert graph.status == "skipped" and graph.reason == "no CUDA device"
