@@ -1,0 +1,128 @@
+"""Intervals, the disturbance filter and the stopping rule on real H200 noise: the timed units of
+repeated runs on H200 VMs kept in benchmarks/data (benchmarks/data/README.md says how they were
+made). Synthetic noise is in test_stats.py and test_analysis.py; these hold the statistics to the
+widths and the noise the product meets on the machine it is for."""
+
+import gzip
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replaybench.analysis import Units, figures
+from replaybench.stats import StoppingRule
+
+DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+MODES = ["eager", "graph"]
+NEVER = float("inf")  # a base no reference reaches: every unit counts
+
+
+def processes(units: dict, count: int | None = None) -> list[Units]:
+    """The measuring processes of one stored config, optionally only their first ``count`` units."""
+    before = units.get("ref_before") or units["ref"]
+    after = units.get("ref_after") or units["ref"]
+    out = []
+    for e, g, b, a in zip(units["eager"], units["graph"], before, after):
+        k = len(e) if count is None else count
+        out.append(Units(ref_before=list(b[:k]), ref_after=list(a[:k]), blocks={"eager": list(e[:k]), "graph": list(g[:k])}))
+    return out
+
+
+@pytest.fixture(scope="module")
+def calibration():
+    """(workload, stored units) for each config of each H200 calibration run with raw units."""
+    saved = json.loads((DATA / "h200-calibration-2.json").read_text())
+    return [(row["workload"], row["units"]) for run in saved["runs"] for row in run]
+
+
+def test_speedup_intervals_from_h200_units_are_tight_enough_to_act_on(calibration):
+    widths = [figures(processes(u), MODES).speedup["graph"].rel_halfwidth for _, u in calibration]
+    assert len(widths) == 18
+    assert statistics.median(widths) <= 0.08 and max(widths) <= 0.20
+
+
+def test_setting_disturbed_units_aside_is_what_narrows_them(calibration):
+    kept = [figures(processes(u), MODES) for _, u in calibration]
+    every = [figures(processes(u), MODES, base=NEVER) for _, u in calibration]
+    assert all(not f.masks[0].all() for f in kept[:1])  # units were set aside
+    narrow = statistics.median(f.speedup["graph"].rel_halfwidth for f in kept)
+    wide = statistics.median(f.speedup["graph"].rel_halfwidth for f in every)
+    assert narrow < 0.5 * wide
+
+
+def test_graph_replay_and_its_gpu_time_are_steady_on_h200(calibration):
+    widths = [figures(processes(u), MODES).throughput["graph"].rel_halfwidth for _, u in calibration]
+    assert statistics.median(widths) <= 0.02
+
+
+def test_the_stopping_rule_stops_on_the_reported_interval_with_real_units(calibration):
+    """Replaying each config's units round by round (two units per process a round, as measured):
+    the rule stops at the first round where every reported interval is within the target, not
+    before; quiet configs stop early and noisy ones run on."""
+    rule = StoppingRule(precision=0.05, min_units=6, budget_s=NEVER)
+    stopped_early = ran_on = 0
+    for _, u in calibration:
+        total = min(len(e) for e in u["eager"])
+        stop = None
+        for k in range(2, total + 1, 2):
+            f = figures(processes(u, k), MODES)
+            kept = [int(f.masks[i].sum()) for i in f.used]
+            if rule.done(f.estimates, kept if 2 * len(f.used) >= len(f.masks) else [], 0.0):
+                stop = k
+                break
+            previous = f
+        if stop is None:
+            ran_on += 1
+            continue
+        assert all(e.rel_halfwidth <= 0.05 for e in f.estimates)
+        if stop > 6:  # the round before, something was still too wide (or too few units)
+            assert any(e.rel_halfwidth > 0.05 for e in previous.estimates) or min(
+                int(m.sum()) for m in previous.masks) < 6
+        stopped_early += stop < total
+    assert stopped_early >= 6 and ran_on >= 1
+
+
+@pytest.fixture(scope="module")
+def trace():
+    """The host-noise trace of another H200 VM: per config, rounds of four processes in turn."""
+    rows = [json.loads(line) for line in gzip.open(DATA / "h200-host-noise.jsonl.gz", "rt")]
+    by_config = defaultdict(list)
+    for r in rows:
+        if r["exp"] == "trace":
+            by_config[r["workload"]].append(r)
+    return by_config
+
+
+def window(rounds, start: float, seconds: float) -> list[Units]:
+    """The units of rounds that began in [start, start + seconds); each round's reference was
+    timed before its two units only, so it stands on both sides of both."""
+    t0 = rounds[0]["t"]
+    out = [Units() for _ in range(4)]
+    for r in rounds:
+        if start <= r["t"] - t0 < start + seconds:
+            u = out[r["proc"]]
+            for e, g in zip(r["eager"], r["graph"]):
+                u.add({"ref": [r["ref"], r["ref"]], "eager": [e], "graph": [g]})
+    return out
+
+
+def test_on_a_second_vm_the_filter_narrows_three_second_windows_too(trace):
+    assert len(trace) == 8
+    kept, every = [], []
+    for rounds in trace.values():
+        for start in (0.0, 4.0, 8.0, 12.0):
+            units = window(rounds, start, 3.0)
+            kept.append(figures(units, MODES).speedup["graph"].rel_halfwidth)
+            every.append(figures(units, MODES, base=NEVER).speedup["graph"].rel_halfwidth)
+    assert statistics.median(kept) <= 0.08 and statistics.median(kept) < statistics.median(every)
+
+
+def test_the_reference_block_sees_what_slows_eager_on_a_core(trace):
+    """Within a config, units whose reference ran slow ran eager slow too (the filter's premise)."""
+    for rounds in trace.values():
+        ref = np.array([r["ref"] for r in rounds])
+        eager = np.array([np.median(r["eager"]) for r in rounds])
+        assert np.corrcoef(np.log(ref), np.log(eager))[0, 1] > 0.6
