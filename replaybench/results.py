@@ -98,7 +98,7 @@ class ModeResult(BaseModel):
     latency: Series | None = None
     gpu: Series | None = None
     host_enqueue: Series | None = None
-    # eager only: its throughput blocks in units of the host reference block timed around each
+    # eager only: every throughput block in units of the host reference blocks timed around it
     # (dimensionless): steadier across runs than eager itself where the host's speed drifts
     host_normalised: Series | None = None
     iters_per_block: int | None = None
