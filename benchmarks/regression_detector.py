@@ -1,37 +1,35 @@
-"""How well replaybench.history tells a step from noise, on synthetic nightly histories.
+"""How well the nightly verdicts find real steps in the noise real H200 runs have.
 
-    python benchmarks/regression_detector.py [--histories 1000] [--nights 60] [--seed 0] [--quick]
+    python benchmarks/regression_detector.py [--histories 300] [--nights 40] [--seed 0]
 
-Each synthetic history is ``--nights`` nightly medians with lognormal run-to-run noise (sigma on
-log scale) and, in the step histories, one multiplicative step (x(1+step) or x(1-step)) at a night
-drawn uniformly from 15..nights-3, so that three nights after it remain. Every run also gets a 95%
-interval of its median (within-run standard error 0.5%, narrower than the run-to-run noise, as in
-real runs). Four step kinds: a time metric (lower is better) going up (SLOWER) or down (FASTER), a
-speedup metric (higher is better) going up (FASTER) or down (SLOWER).
+The night-to-night noise comes from repeated H200 runs of the six noisiest default configs
+(``benchmarks/data/h200-calibration-*.json``: 7 runs on two VMs, see its README): for each config
+and judged figure (eager over the host reference, graph replay throughput, graph GPU time), the
+deviations of its runs' log figures from their mean. A synthetic history picks a config and draws
+each night's deviation from that config's own deviations (a smoothed bootstrap: one of them, plus
+Gaussian jitter of Silverman's bandwidth, scaled to keep their spread), so each history has the
+noise of a real config. A step multiplies the figure by 1.10 (10% slower) from a night drawn in
+15..nights-3 on. Same-night confirmation is simulated as the flow does it: a night the detector
+finds off (a step, tonight alone off its level, or a possible recent step) is measured
+``CONFIRMATIONS`` more times, each an independent draw, and judged on them all. That a re-measure minutes later is a fresh draw of the host's state is what the
+data say: runs minutes apart on one VM spread as much as runs on two VMs (printed first).
 
-Figures (each night judged by judge_series, i.e. given only the nights before it):
-- found within 4 nights: share of steps with a verdict of the right direction on one of the first
-  four nights at the new level (target >= 95% for 5% steps in 2% noise; the target sets no delay,
-  and a step near the end of a history has only three or four nights to be found in); also within
-  3 nights, a stricter goal of ours (>= 95%; the bounds below show what is reachable);
-- nights to detection: on which night at the new level the first right verdict came (1 = the
-  first night), median over the steps found at all;
-- false alarms per 100 nights on step-free histories: FASTER/SLOWER verdicts per 100 nights that
-  had at least min_history nights before them (target <= 1);
-- for context: false alarms in the step histories away from the step (nights with no step in the
-  last three; a first right verdict after the third night is a late detection, not an alarm), the
-  share of UNCERTAIN on step-free nights, the frontier of the confirmation level alpha, and two
-  bounds: a window-of-3 test that knows the old level and the noise exactly, and one that knows the
-  noise but estimates the old level from all the nights before (per night tested);
-- 1% noise with 3% steps, for context;
-- robustness: step-free histories where 2% of nights are one bad night (+25%).
+Printed, against the targets of the issue that asked for this:
+- 10% steps in graph throughput or GPU time reported on their first night (target >= 95%);
+- 10% eager steps reported by their third night (target >= 90%);
+- false alarms (FASTER or SLOWER) per 100 step-free nights (target <= 1), and how many step-free
+  nights a config was measured again (the cost of confirming);
+- a torch change with no real change: SLOWER within three nights of it (should be no more than the
+  false alarms); with a real 10% step on the same night: found by the third night, and the share of
+  those whose verdict names the torch change.
 This is a benchmark, not a test: it prints figures and targets, and never asserts.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -40,182 +38,135 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from replaybench import history  # noqa: E402
-from replaybench.history import Point, Verdict, judge_series  # noqa: E402
+from replaybench.history import Point, Verdict, judge  # noqa: E402
+from replaybench.verdicts import CONFIRMATIONS  # noqa: E402
 
-WITHIN_RUN_SE = 0.005
-KINDS = (  # (name, higher_is_better, step sign, expected verdict)
-    ("time up", False, +1, Verdict.SLOWER),
-    ("time down", False, -1, Verdict.FASTER),
-    ("speedup up", True, +1, Verdict.FASTER),
-    ("speedup down", True, -1, Verdict.SLOWER),
-)
-
-
-def synthetic(rng, nights: int, noise: float, step: float = 0.0, at: int | None = None, base: float = 1e-4,
-              bad_rate: float = 0.0, bad: float = 0.25) -> list[Point]:
-    level = np.full(nights, np.log(base))
-    if at is not None:
-        level[at:] += np.log1p(step)
-    x = level + rng.normal(0.0, noise, nights)
-    if bad_rate:
-        x += np.where(rng.random(nights) < bad_rate, np.log1p(bad), 0.0)
-    v = np.exp(x)
-    half = np.exp(1.959964 * WITHIN_RUN_SE * np.exp(rng.normal(0, 0.2, nights)))
-    return [Point(i, float(v[i]), float(v[i] / half[i]), float(v[i] * half[i]), ("H200", "560", "12.8", "2.11")) for i in range(nights)]
+DATA = Path(__file__).resolve().parent / "data"
+FIGURES = ("eager", "graph", "graph_gpu")
+LABELS = {"eager": "eager over the host reference", "graph": "graph replay throughput", "graph_gpu": "graph GPU time"}
+STEP = 0.10
+ENV = (("torch", "2.11.0"),)
+NEW_ENV = (("torch", "2.12.0.dev20261203"),)
 
 
-def step_figures(n: int, nights: int, noise: float, step: float, seed: int, **kw) -> dict:
+def real_noise() -> dict[str, dict[str, np.ndarray]]:
+    """figure -> config -> deviations of its runs' log figures from their mean; and prints the
+    within-VM and between-VM spread that the same-night confirmation relies on."""
+    by_vm: dict[str, dict[str, list[list[float]]]] = {f: {} for f in FIGURES}
+    for vm in (1, 2):
+        saved = json.loads((DATA / f"h200-calibration-{vm}.json").read_text())
+        for run in saved["runs"]:
+            for row in run:
+                key = f"{row['workload']} {json.dumps(row['params'], sort_keys=True)}"
+                values = {"eager": row.get("eager_normalised"), "graph": row["metrics"]["graph"][0],
+                          "graph_gpu": row["metrics"]["graph_gpu"][0]}
+                for f in FIGURES:
+                    if values[f]:
+                        by_vm[f].setdefault(key, [[], []])[vm - 1].append(math.log(values[f]))
+    out = {}
+    print("night-to-night noise from the H200 runs (sd of log figures):")
+    for f in FIGURES:
+        out[f] = {}
+        within, between = [], []
+        for key, (a, b) in by_vm[f].items():
+            both = np.array(a + b)
+            out[f][key] = both - both.mean()
+            within += [np.std(a, ddof=1), np.std(b, ddof=1)]
+            between.append(abs(np.mean(a) - np.mean(b)) / math.sqrt(2))
+        sds = [np.std(v, ddof=1) for v in out[f].values()]
+        print(f"  {LABELS[f]:<30} per config {min(sds):.2%} to {max(sds):.2%}; runs on one VM {np.median(within):.2%} "
+              f"(median over configs and VMs), between the two VMs' means {np.median(between):.2%}")
+    return out
+
+
+SILVERMAN = 1.06 * 7 ** -0.2  # kernel bandwidth over the spread, for seven runs
+
+
+def draw(rng, deviations: np.ndarray) -> float:
+    """A smoothed bootstrap draw: one of the config's deviations plus Gaussian jitter of Silverman's
+    bandwidth, scaled back so that the draws keep the deviations' spread."""
+    sd = deviations.std(ddof=1)
+    return float((rng.choice(deviations) + rng.normal(0, SILVERMAN * sd)) / math.sqrt(1 + SILVERMAN**2))
+
+
+def night_verdicts(rng, deviations, nights: int, step_at: int | None, env_at: int | None = None) -> list:
+    """Judge each night as the flow does, confirming the nights that look off (their judgements
+    carry weight > 1 in ``confirmed``)."""
+    history, verdicts = [], []
+    for i in range(nights):
+        level = math.log1p(STEP) if step_at is not None and i >= step_at else 0.0
+        env = NEW_ENV if env_at is not None and i >= env_at else ENV
+        tonight = Point(i, math.exp(level + draw(rng, deviations)), env=env)
+        j = judge(history, tonight, higher_is_better=False)
+        if j.verdict in (Verdict.SLOWER, Verdict.FASTER) or (j.verdict is Verdict.UNCERTAIN and j.since is not None):
+            logs = [math.log(tonight.value)] + [level + draw(rng, deviations) for _ in range(CONFIRMATIONS)]
+            tonight = Point(i, math.exp(sum(logs) / len(logs)), env=env, weight=len(logs))
+            j = judge(history, tonight, higher_is_better=False)
+        history.append(tonight)
+        verdicts.append(j)
+    night_verdicts.confirmed = [p.weight > 1 for p in history]
+    return verdicts
+
+
+def figures_for(noise: dict[str, np.ndarray], histories: int, nights: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
-    found, found4, wrong, delays, late, fa, fa_nights = 0, 0, 0, [], 0, 0, 0
-    min_history = kw.get("min_history", history.MIN_HISTORY)
-    for i in range(n):
-        name, hib, sign, expected = KINDS[i % len(KINDS)]
+    configs = sorted(noise)
+    first = by_third = 0
+    alarms = judged = confirmed = 0
+    for _ in range(histories):
+        dev = noise[configs[rng.integers(len(configs))]]
         at = int(rng.integers(15, nights - 2))
-        base = 2.0 if hib else 1e-4 * float(np.exp(rng.normal(0, 1)))
-        pts = synthetic(rng, nights, noise, sign * step, at, base=base)
-        verdicts = [j.verdict for j in judge_series(pts, hib, **kw)]
-        first = next((k for k in range(at, nights) if verdicts[k] == expected), None)
-        if first is not None and first - at < 3:
-            found += 1
-        if first is not None and first - at < 4:
-            found4 += 1
-        if first is not None:
-            delays.append(first - at + 1)
-        wrong += any(verdicts[k] not in (expected, Verdict.SAME, Verdict.UNCERTAIN) for k in range(at, min(at + 3, nights)))
-        for k in range(min_history, nights):
-            if at <= k < at + 3:
-                continue
-            fa_nights += 1
-            # Away from the step; the first right verdict after the third night is a late detection.
-            fa += verdicts[k] in (Verdict.FASTER, Verdict.SLOWER) and k != first
-        late += first is not None and first - at >= 3
-    return {
-        "detected": found / n,
-        "detected_4": found4 / n,
-        "wrong_direction": wrong / n,
-        "median_nights": statistics.median(delays) if delays else float("nan"),
-        "detected_later": late / n,
-        "fa_per_100_away": 100 * fa / fa_nights,
-    }
+        v = night_verdicts(rng, dev, nights, at)
+        hit = next((k for k in range(at, nights) if v[k].verdict is Verdict.SLOWER), None)
+        first += hit == at
+        by_third += hit is not None and hit - at < 3
+        alarms += sum(x.verdict in (Verdict.SLOWER, Verdict.FASTER) for x in v[6:at])
+        judged += max(0, at - 6)
+        dev = noise[configs[rng.integers(len(configs))]]
+        v = night_verdicts(rng, dev, nights, None)
+        alarms += sum(x.verdict in (Verdict.SLOWER, Verdict.FASTER) for x in v[6:])
+        confirmed += sum(night_verdicts.confirmed[6:])
+        judged += nights - 6
+    return {"first": first / histories, "third": by_third / histories, "alarms": 100 * alarms / judged,
+            "confirmations": 100 * confirmed / (histories * (nights - 6))}
 
 
-def null_figures(n: int, nights: int, noise: float, seed: int, bad_rate: float = 0.0, **kw) -> dict:
+def torch_change(noise: dict[str, np.ndarray], histories: int, nights: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
-    alarms = uncertain = same = total = 0
-    min_history = kw.get("min_history", history.MIN_HISTORY)
-    for i in range(n):
-        hib = bool(i % 2)
-        base = 2.0 if hib else 1e-4 * float(np.exp(rng.normal(0, 1)))
-        pts = synthetic(rng, nights, noise, base=base, bad_rate=bad_rate)
-        verdicts = [j.verdict for j in judge_series(pts, hib, **kw)][min_history:]
-        total += len(verdicts)
-        alarms += sum(v in (Verdict.FASTER, Verdict.SLOWER) for v in verdicts)
-        uncertain += sum(v is Verdict.UNCERTAIN for v in verdicts)
-        same += sum(v is Verdict.SAME for v in verdicts)
-    return {"fa_per_100": 100 * alarms / total, "uncertain": uncertain / total, "same": same / total, "nights": total}
+    configs = sorted(noise)
+    alarm = found = named = 0
+    for _ in range(histories):
+        at = int(rng.integers(15, nights - 3))
+        v = night_verdicts(rng, noise[configs[rng.integers(len(configs))]], nights, None, env_at=at)
+        alarm += any(x.verdict is Verdict.SLOWER for x in v[at:at + 3])
+        v = night_verdicts(rng, noise[configs[rng.integers(len(configs))]], nights, at, env_at=at)
+        hit = next((v[k] for k in range(at, min(at + 3, nights)) if v[k].verdict is Verdict.SLOWER), None)
+        found += hit is not None
+        named += hit is not None and "torch 2.11.0 -> 2.12.0.dev20261203" in hit.reason
+    return {"alarm": alarm / histories, "found": found / histories, "named": named / max(found, 1)}
 
 
-def report(label: str, n: int, nights: int, noise: float, step: float, seed: int, targets: bool, **kw) -> dict:
-    t0 = time.perf_counter()
-    s = step_figures(n, nights, noise, step, seed, **kw)
-    z = null_figures(n, nights, noise, seed + 1, **kw)
-    dt = time.perf_counter() - t0
-    print(f"\n{label}: {noise:.0%} run-to-run noise, {step:.0%} steps; {n} step histories + {n} step-free, {nights} nights each ({dt:.0f} s)")
-    if targets:
-        t3 = f"   stricter goal >= 95%: {'met' if s['detected'] >= 0.95 else 'NOT MET'}"
-        t4 = f"   target >= 95%: {'met' if s['detected_4'] >= 0.95 else 'NOT MET'}"
-        t1 = f"   target <= 1: {'met' if z['fa_per_100'] <= 1 else 'NOT MET'}"
-    else:
-        t3 = t4 = t1 = ""
-    print(f"  steps found within 3 nights:       {s['detected']:6.1%}{t3}")
-    print(f"  false alarms per 100 nights:       {z['fa_per_100']:6.2f}{t1}   ({z['nights']} step-free nights judged)")
-    print(f"  median nights to detection:        {s['median_nights']:6.0f}   (1 = the first night at the new level)")
-    print(f"  steps found within 4 nights:       {s['detected_4']:6.1%}{t4}")
-    print(f"  wrong-direction verdicts at steps: {s['wrong_direction']:6.1%}")
-    print(f"  false alarms per 100 nights away from the step, in the step histories: {s['fa_per_100_away']:.2f}")
-    print(f"  step-free nights: SAME {z['same']:.1%}, UNCERTAIN {z['uncertain']:.1%}")
-    return {**s, **z}
-
-
-def oracle(noise: float, step: float, fa_per_100: float = 1.0, n: int = 400_000, seed: int = 7) -> float:
-    """Detection within 3 nights of a window-of-3 test that knows the old level and the noise
-    exactly, at a per-night false-alarm rate of fa_per_100 (two-sided), with the 3% minimum effect:
-    an upper bound for any detector that must estimate both from the nights before."""
-    from scipy.stats import norm
-
-    rng = np.random.default_rng(seed)
-    c = norm.ppf(1 - fa_per_100 / 100 / 2)
-    found = []
-    for sign in (+1, -1):
-        shift = np.log1p(sign * step)
-        x = rng.normal(0, noise, (n, 5)) + np.array([0, 0, shift, shift, shift])
-        means = np.stack([x[:, i : i + 3].mean(1) for i in range(3)], 1)
-        hit = (sign * means / (noise / np.sqrt(3)) > c) & (np.abs(np.expm1(means)) >= history.MIN_EFFECT)
-        found.append(hit.any(1).mean())
-    return float(np.mean(found))
-
-
-def oracle_level_estimated(noise: float, step: float, fa_per_100: float = 1.0, nights: int = 60, n: int = 20_000,
-                           seed: int = 7) -> float:
-    """As oracle, but the old level is estimated, as any detector must, from all the nights before
-    the window (the noise is still known exactly): the histories of step_figures (steps at night
-    15..nights-3, either direction), the threshold set so that fa_per_100 of the step-free nights
-    tested (from the 8th on) are alarms. A bound per night tested: a detector that reports a step
-    once, not on each night of it, counts fewer alarms than nights over the threshold."""
-    rng = np.random.default_rng(seed)
-
-    def z_and_gate(x):
-        cs = np.pad(np.cumsum(x, 1), ((0, 0), (1, 0)))
-        k = np.arange(7, nights)  # tonight; window k-2..k, level from nights 0..k-3
-        nb = k - 2
-        mean_b = cs[:, k - 2] / nb
-        d = (cs[:, k + 1] - cs[:, k - 2]) / 3 - mean_b
-        return d / (noise * np.sqrt(1 / 3 + 1 / nb)), np.abs(np.expm1(d)) >= history.MIN_EFFECT
-
-    z0, g0 = z_and_gate(rng.normal(0, noise, (n, nights)))
-    c = float(np.quantile(np.where(g0, np.abs(z0), 0.0), 1 - fa_per_100 / 100))
-    at = rng.integers(15, nights - 2, n)
-    sign = np.where(np.arange(n) % 2, -1.0, 1.0)
-    x = rng.normal(0, noise, (n, nights)) + np.where(np.arange(nights) >= at[:, None], np.log1p(sign * step)[:, None], 0.0)
-    z, g = z_and_gate(x)
-    cols = at[:, None] - 7 + np.arange(3)  # tonight = at, at+1, at+2
-    hit = (sign[:, None] * np.take_along_axis(z, cols, 1) > c) & np.take_along_axis(g, cols, 1)
-    return float(hit.any(1).mean())
-
-
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--histories", type=int, default=1000)
-    ap.add_argument("--nights", type=int, default=60)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="skip the threshold frontier")
-    args = ap.parse_args(argv)
-    print("Method (replaybench/history.py):")
-    print(history.__doc__)
-    n, nights = args.histories, args.nights
-    report(f"Target, default thresholds (alpha={history.ALPHA})", n, nights, 0.02, 0.05, args.seed, True)
-
-    print("\nUpper bound: a detector that knows the old level and the noise exactly (window of 3, 3% minimum effect)")
-    for fa in (0.5, 1.0):
-        print(f"  at {fa} false alarms per 100 nights it finds {oracle(0.02, 0.05, fa):.1%} of 5% steps in 2% noise within 3 nights")
-    print("Tighter: one that knows the noise exactly but estimates the old level from all the nights before the window")
-    for fa in (0.5, 1.0):
-        print(f"  at {fa} nights over the threshold per 100 step-free nights it finds {oracle_level_estimated(0.02, 0.05, fa, nights):.1%}")
-
-    if not args.quick:
-        print("\nThreshold frontier, same histories (alpha: two-sided level of the confirmation test):")
-        print("  alpha    found<=3  found<=4  false alarms/100  UNCERTAIN")
-        for alpha in (0.01, 0.015, 0.02, 0.025, 0.03, 0.04):
-            s = step_figures(n, nights, 0.02, 0.05, args.seed, alpha=alpha)
-            z = null_figures(n, nights, 0.02, args.seed + 1, alpha=alpha)
-            print(f"  {alpha:<7}  {s['detected']:7.1%}  {s['detected_4']:8.1%}  {z['fa_per_100']:16.2f}  {z['uncertain']:9.1%}")
-
-    report("Context (a 3% step is the minimum effect: about half its estimates fall below it)", n, nights, 0.01, 0.03, args.seed + 10, False)
-    z = null_figures(n, nights, 0.02, args.seed + 20, bad_rate=0.02)
-    print(f"\nRobustness: 2% noise, step-free, 2% of nights one bad night (+25%); {n} histories")
-    print(f"  false alarms per 100 nights:       {z['fa_per_100']:6.2f}")
-    print(f"  step-free nights: SAME {z['same']:.1%}, UNCERTAIN {z['uncertain']:.1%}")
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--histories", type=int, default=300, help="per figure, with a step and without")
+    parser.add_argument("--nights", type=int, default=40)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    started = time.monotonic()
+    noise = real_noise()
+    print(f"\n{args.histories} histories of {args.nights} nights per figure, 10% steps (seed {args.seed}):")
+    results = {}
+    for k, f in enumerate(FIGURES):
+        r = results[f] = figures_for(noise[f], args.histories, args.nights, args.seed + k)
+        target = "first night >= 95%" if f != "eager" else "by the third night >= 90%"
+        print(f"  {LABELS[f]:<30} found on the first night {r['first']:6.1%}, by the third {r['third']:6.1%}; "
+              f"false alarms {r['alarms']:.2f} per 100 nights   (target: {target}, <= 1 false alarm); "
+              f"step-free nights confirmed: {r['confirmations']:.1f} per 100")
+    t = torch_change(noise["eager"], args.histories, args.nights, args.seed + 10)
+    print(f"  torch change, no real change (eager): SLOWER within three nights in {t['alarm']:.1%} of histories")
+    print(f"  torch change with a real 10% eager step: found by the third night {t['found']:.1%}, "
+          f"the verdict naming the torch change {t['named']:.1%}")
+    print(f"({time.monotonic() - started:.0f} s)")
 
 
 if __name__ == "__main__":

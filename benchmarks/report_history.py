@@ -3,9 +3,10 @@
     python benchmarks/report_history.py [--nights 365] [--results 200] [--db PATH]
 
 Builds a SQLite store of ``nights`` nightly runs of ``results`` results each (synthetic figures with
-2% run-to-run noise), finishes the last run as the nightly flow does (``Store.finish_run`` judges its
-results against the history once and stores the verdicts), then times rendering its report, with
-those verdicts and its plots, and prints the database size per nightly run. A benchmark, not a test.
+2% run-to-run noise), finishes the last run as the nightly flow does (``Store.finish_run``, then
+``verdicts.store_verdicts``, which judges its results against the history once and stores the
+verdicts), then times rendering its report, with those verdicts, its open regressions and its
+plots, and prints the database size per nightly run. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sqlalchemy import insert
 
 from replaybench.report import write_report
 from replaybench.storage import Result, Run, Store
+from replaybench.verdicts import store_verdicts
 
 
 def build(store: Store, nights: int, results: int, seed: int = 0) -> int:
@@ -48,8 +50,10 @@ def build(store: Store, nights: int, results: int, seed: int = 0) -> int:
                               attempts=1, flags=[], health={}, throughput_blocks=30)
                 kernels = 3.0 * (1 + k % 7)
                 for mode, time_s, speedup in (("eager", eager, None), ("graph", graph, eager / graph)):
+                    gpu = time_s * 0.2 if mode == "eager" else time_s * 0.98
                     rows.append({**common, "mode": mode, "throughput_s": time_s, "throughput_ci_low": time_s * 0.99,
-                                 "throughput_ci_high": time_s * 1.01, "speedup": speedup,
+                                 "throughput_ci_high": time_s * 1.01, "gpu_s": gpu, "gpu_ci_low": gpu * 0.995,
+                                 "gpu_ci_high": gpu * 1.005, "speedup": speedup,
                                  "speedup_ci_low": speedup and speedup * 0.98, "speedup_ci_high": speedup and speedup * 1.02,
                                  "kernels_per_iter": kernels, "samples": {"throughput": blocks}})
             c.execute(insert(Result.__table__), rows)
@@ -70,7 +74,8 @@ def main() -> None:
     print(f"database: {size / 2**20:.1f} MiB, {size / args.nights / 2**10:.0f} KiB per nightly run")
     started = time.perf_counter()
     store.finish_run(last)
-    print(f"finishing the last run, which judges its results against the history: {time.perf_counter() - started:.2f} s")
+    store_verdicts(store, last)
+    print(f"finishing the last run and judging its results against the history: {time.perf_counter() - started:.2f} s")
     out = Path(args.db).parent / "reports"
     for attempt in range(2):
         started = time.perf_counter()

@@ -25,11 +25,13 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from replaybench.health import host_facts
+from replaybench.history import Verdict
 from replaybench.params import RunParameters
 from replaybench.report import check_writable, reports_dir, write_report
 from replaybench.results import ConfigResult, MeasureSettings
 from replaybench.storage import Store
 from replaybench.summary import one_line
+from replaybench.verdicts import CONFIRMATIONS, acknowledge, judge_run, store_verdicts
 from replaybench.worker import MeasuringPool
 from replaybench.workload import BenchConfig, WorkloadError, check_batch_size, check_dtype, load_registry
 
@@ -103,9 +105,8 @@ def benchmark(
     configs = parameters.configs(load_registry())  # bad input fails here, before any measuring
     directory = check_writable(reports_dir())
     store = Store()
-    crashed = store.mark_crashed_runs()
-    if crashed:
-        logger.warning("marked runs %s as crashed: their process ended before they finished", crashed)
+    for run_id_, why in resolve_stuck_runs(store):
+        logger.warning("run %d marked crashed: %s", run_id_, why)
     run_id = store.create_run(trigger, {**parameters.model_dump(mode="json"), "shards": shards}, host_facts())
     store.set_flow_run(run_id, flow_run.get_id())
     logger.info("run %d: %d config(s), modes %s, %d shard(s)", run_id, len(configs), ", ".join(parameters.modes), shards)
@@ -115,14 +116,105 @@ def benchmark(
             error = run_shards(run_id, configs, parameters, shards)
         else:
             measure_configs(run_id, configs, parameters, store)
+        confirm(run_id, parameters, store)
     except BaseException as exc:
         store.finish_run(run_id, error=f"{type(exc).__name__}: {exc}")
         raise
     status = store.finish_run(run_id, error=error)
+    if error is None:
+        alert(store, run_id, store_verdicts(store, run_id))
     path, markdown = write_report(store, run_id, directory)
     create_markdown_artifact(markdown=markdown, key="replaybench-report", description=f"replaybench run {run_id}")
     logger.info("run %d %s; report: %s", run_id, status.replace("_", " "), path)
     return run_id
+
+
+def resolve_stuck_runs(store: Store) -> list[tuple[int, str]]:
+    """Runs left 'running' whose Prefect flow run has ended (its process was killed, its host lost)
+    are marked crashed, their finished results kept: judged by the flow run's state on the server,
+    so that a dead host on a shared database is found from any other. A flow run that a killed
+    temporary server never ended is found by its process on this host instead."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    current = str(flow_run.get_id() or "")
+    marked = []
+    with get_client(sync_client=True) as client:
+        for run in store.running_runs():
+            if not run.flow_run_id or run.flow_run_id == current:
+                continue
+            try:
+                state = client.read_flow_run(run.flow_run_id).state
+            except ObjectNotFound:
+                continue
+            if state is not None and state.is_final():
+                why = f"its flow run ended {state.name} before the run finished"
+                store.mark_crashed(run.id, why)
+                marked.append((run.id, why))
+    marked += [(run_id, "its process on this host ended before it finished") for run_id in store.mark_dead_local_runs()]
+    return marked
+
+
+def confirm(run_id: int, parameters: RunParameters, store: Store) -> None:
+    """Same-night confirmation: configs that look off against the nightly history tonight (a step,
+    tonight alone off its level, or a possible recent step), at most ``parameters.confirm_limit``
+    of them, are measured CONFIRMATIONS more times, each time by a fresh pool of measuring
+    processes and after the others, so that each is a fresh draw of the host's state; stored as
+    repeats, so that their verdicts rest on every measurement and a real step is reported on its
+    first night or soon after."""
+    if not parameters.confirm_limit:
+        return
+    run = store.run(run_id)
+    rows = {r.id: r for r in run.results}
+    off: dict[str, BenchConfig] = {}
+    for result_id, j in judge_run(store, run).items():
+        if j.verdict in (Verdict.SLOWER, Verdict.FASTER) or (j.verdict is Verdict.UNCERTAIN and j.since is not None):
+            r = rows[result_id]
+            off.setdefault(BenchConfig(r.workload, r.params).key, BenchConfig(r.workload, r.params))
+    configs = list(off.values())[: parameters.confirm_limit]
+    if not configs:
+        return
+    logger = get_run_logger()
+    logger.info("run %d: %d config(s) look off tonight; measuring them %d more times in fresh processes",
+                run_id, len(configs), CONFIRMATIONS)
+    settings = parameters.measure_settings()
+    for repeat in range(1, CONFIRMATIONS + 1):
+        with gpu_lock(), MeasuringPool(parameters.processes, parameters.timeout_s) as pool:
+            for config in configs:
+                result = pool.measure(config, settings)
+                store.add_result(run_id, result, gpu=gpu_label(pool.environment), repeat=repeat)
+                logger.info("confirmation %d: %s", repeat, one_line(result))
+
+
+def alert(store: Store, run_id: int, verdicts: dict) -> None:
+    """A Prefect event per regression or improvement found tonight (see the README for an
+    automation that sends them on). The resource's labels name the config, figure and change."""
+    from prefect.events import emit_event
+
+    rows = {r.id: r for r in store.run(run_id).results}
+    seen = set()
+    for result_id, j in verdicts.items():
+        r = rows[result_id]
+        if j.verdict not in (Verdict.SLOWER, Verdict.FASTER) or (r.workload, r.params_key, r.mode) in seen:
+            continue
+        seen.add((r.workload, r.params_key, r.mode))
+        label = BenchConfig(r.workload, r.params).label
+        kind = "regression" if j.verdict is Verdict.SLOWER else "improvement"
+        emit_event(
+            event=f"replaybench.{kind}.detected",
+            resource={
+                "prefect.resource.id": f"replaybench.config.{r.workload}.{r.mode}.{r.params_key}",
+                "prefect.resource.name": f"{label} {r.mode}",
+                "replaybench.workload": r.workload,
+                "replaybench.config": label,
+                "replaybench.mode": r.mode,
+                "replaybench.change": f"{j.change:+.1%}" if j.change is not None else "",
+                "replaybench.cause": j.cause or "",
+                "replaybench.run": str(run_id),
+            },
+            payload={"verdict": j.verdict.value, "change": j.change, "reason": j.reason, "run_id": run_id,
+                     "since_run_id": j.since},
+        )
 
 
 def split(configs: list[BenchConfig], shards: int) -> list[list[BenchConfig]]:
@@ -198,3 +290,16 @@ def shard(run_id: int, parameters: FlowParameters, configs: list[dict[str, Any]]
         check_dtype(config.params.get("dtype"))
     measure_configs(run_id, selected, parameters, store)
     return len(selected)
+
+
+RegressionId = Annotated[str, Field(pattern=r"^[0-9]{1,12}:[A-Za-z_]{1,64}$",
+                                    description="as `replaybench regressions` or a report's open regressions list it, e.g. 4512:GPU_time")]
+
+
+@flow(name="replaybench-ack")
+def ack(regression: RegressionId, note: Annotated[str, Field(max_length=500)] = "") -> str:
+    """Acknowledge an open regression: reports stop listing it. Refused unless it is open."""
+    o = acknowledge(Store(), regression, note or None)
+    text = f"acknowledged: {o.workload} {o.mode} {o.metric} {o.change:+.1%} since run {o.first_run_id}"
+    get_run_logger().info(text)
+    return text

@@ -1,7 +1,7 @@
 """Deployments: ``nightly`` (cron schedule, the default suite), ``adhoc`` (no schedule, started from
-the Prefect UI's run form) and ``shard`` (started by a sharded nightly run). ``replaybench serve``
-serves all three from one process on a single box; ``prefect.yaml`` declares the same three for a
-work pool of GPU workers."""
+the Prefect UI's run form), ``shard`` (started by a sharded nightly run) and ``ack`` (acknowledge an
+open regression from the UI). ``replaybench serve`` serves them from one process on a single box;
+``prefect.yaml`` declares the same for a work pool of GPU workers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 
 from prefect.schedules import Cron
 
-from flows.benchmark import benchmark, shard
+from flows.benchmark import ack, benchmark, shard
 
 NIGHTLY_CRON = os.environ.get("REPLAYBENCH_NIGHTLY_CRON", "0 2 * * *")
 TIMEZONE = os.environ.get("REPLAYBENCH_TIMEZONE", "UTC")
@@ -31,4 +31,6 @@ def deployments(cron: str = NIGHTLY_CRON, timezone: str = TIMEZONE, shards: int 
             tags=["replaybench"],
         ),
         shard.to_deployment(name="shard", description="A share of a sharded run.", tags=["replaybench"]),
+        ack.to_deployment(name="ack", description="Acknowledge an open regression: reports stop listing it.",
+                          tags=["replaybench"]),
     ]

@@ -92,6 +92,20 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--format", choices=("table", "markdown", "json"), default="table")
     common(compare, report=False)
 
+    regressions = sub.add_parser("regressions", help="list open regressions: slower levels that still hold, not acknowledged")
+    regressions.add_argument("--format", choices=("table", "json"), default="table")
+    common(regressions, report=False)
+
+    ack = sub.add_parser("ack", help="acknowledge an open regression, so that reports stop listing it")
+    ack.add_argument("ident", metavar="ID", help="as `replaybench regressions` lists it, e.g. 4512:GPU_time")
+    ack.add_argument("--note", help="why (kept with the acknowledgement)")
+    common(ack, report=False)
+
+    alerts = sub.add_parser("alerts", help="send each regression the nightly verdicts find to a webhook (a Prefect automation)")
+    alerts.add_argument("--webhook", required=True, metavar="URL", help="an incoming webhook taking {\"text\": ...} (Slack, Mattermost)")
+    alerts.add_argument("--name", default="replaybench-regressions", help="of the automation and its notification block")
+    alerts.add_argument("--allow-private-url", action="store_true", help="allow a webhook on a private network or this host")
+
     sub.add_parser("workloads", help="list the registered workloads")
 
     serve = sub.add_parser("serve", help="serve the nightly, adhoc and shard deployments from this process")
@@ -137,7 +151,7 @@ def _parameters(args):
 
 def _store(args) -> Store:
     store = Store(args.db)
-    store.mark_crashed_runs()  # runs whose process was killed are found at the next start
+    store.mark_dead_local_runs()  # a run killed on this host shows as such at the next command
     return store
 
 
@@ -199,29 +213,23 @@ def cmd_runs(args) -> int:
 
 def cmd_compare(args) -> int:
     from .report import md_cell, params_label
-    from .verdicts import _column, compare_runs
+    from .verdicts import compare_runs
 
-    rows = []
-    for r, j in compare_runs(_store(args), args.base, args.run):
-        figure = _column(r)
-        rows.append({
-            "workload": r.workload, "params": r.params, "mode": r.mode, "figure": figure,
-            "value": getattr(r, figure), "baseline": j.baseline, "change": j.change,
-            "verdict": j.verdict.value, "reason": j.reason,
-        })
+    rows = compare_runs(_store(args), args.base, args.run)
     if args.format == "json":
         print(json.dumps(rows, indent=2))
         return 0
     header = ("workload", "config", "mode", "figure", f"run {args.base}", f"run {args.run}", "change", "verdict")
 
+    def fmt(column, v):
+        if v is None:
+            return "n/a"
+        return f"{v:.4g} x ref" if column == "host_normalised" else f"{v * 1e6:.2f} us"
+
     def cells(row):
-        fmt = {
-            "throughput_s": lambda v: "n/a" if v is None else f"{v * 1e6:.2f} us",
-            "host_normalised": lambda v: "n/a" if v is None else f"{v:.4g} x ref",
-        }.get(row["figure"], lambda v: "n/a" if v is None else f"{v:.2f}x")
         change = "n/a" if row["change"] is None else f"{row['change']:+.1%}"
-        return (row["workload"], params_label(row["params"]), row["mode"], row["figure"].replace("_s", ""),
-                fmt(row["baseline"]), fmt(row["value"]), change, row["verdict"])
+        return (row["workload"], params_label(row["params"]), row["mode"], row["figure"], fmt(row["column"], row["baseline"]),
+                fmt(row["column"], row["value"]), change, row["verdict"])
 
     if args.format == "markdown":
         print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
@@ -235,6 +243,60 @@ def cmd_compare(args) -> int:
     Console().print(table)
     slower = sum(row["verdict"] == "SLOWER" for row in rows)
     console.print(f"{slower} slower, {sum(row['verdict'] == 'FASTER' for row in rows)} faster of {len(rows)} compared")
+    return 0
+
+
+def _latest_nightly(store: Store):
+    nightly = [r for r in store.runs(200) if r.trigger == "nightly" and r.status in ("completed", "completed_with_failures")]
+    return store.run(nightly[0].id) if nightly else None
+
+
+def cmd_regressions(args) -> int:
+    from .report import params_label
+    from .verdicts import report_regressions
+
+    store = _store(args)
+    run = _latest_nightly(store)
+    found = report_regressions(store, run) if run is not None else []
+    if args.format == "json":
+        print(json.dumps([{"id": o.ident, "workload": o.workload, "params": o.params, "mode": o.mode, "figure": o.metric,
+                           "change": o.change, "first_run_id": o.first_run_id, "cause": o.cause} for o in found], indent=2))
+        return 0
+    if run is None:
+        console.print("no finished nightly run yet")
+        return 0
+    table = Table("ID", "workload", "config", "mode", "figure", "change", "since run", "likely cause")
+    for o in found:
+        table.add_row(o.ident, o.workload, params_label(o.params), o.mode, o.metric, f"{o.change:+.1%}", str(o.first_run_id),
+                      o.cause or "")
+    Console().print(table)
+    console.print(f"{len(found)} open regression(s) as of nightly run {run.id}")
+    return 0
+
+
+def cmd_ack(args) -> int:
+    from .verdicts import acknowledge
+
+    try:
+        o = acknowledge(_store(args), args.ident, args.note)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    console.print(f"acknowledged: {o.workload} {o.mode} {o.metric} {o.change:+.1%} since run {o.first_run_id}")
+    return 0
+
+
+def cmd_alerts(args) -> int:
+    from urllib.parse import urlparse
+
+    url = urlparse(args.webhook)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise UsageError(f"not an http(s) URL: {args.webhook!r}")
+    if not os.environ.get("PREFECT_API_URL"):
+        raise UsageError("PREFECT_API_URL is not set: alerts live on a Prefect server (see the README's One box)")
+    from flows.alerts import create_alert
+
+    automation = create_alert(args.webhook, args.name, args.allow_private_url)
+    console.print(f"automation {automation.name!r} ({automation.id}): each regression is posted to {url.scheme}://{url.netloc}/...")
     return 0
 
 
@@ -292,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     handler = {
         "run": cmd_run, "report": cmd_report, "runs": cmd_runs, "workloads": cmd_workloads,
         "serve": cmd_serve, "setup": cmd_setup, "worker": cmd_worker, "compare": cmd_compare,
+        "regressions": cmd_regressions, "ack": cmd_ack, "alerts": cmd_alerts,
     }[args.command]
     try:
         return handler(args)

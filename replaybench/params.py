@@ -37,6 +37,9 @@ class RunParameters(BaseModel):
         6, ge=1, le=16, description="measuring processes per GPU; each config is timed in every one, in turn"
     )
     timeout_s: float = Field(600, ge=1, le=24 * 3600, description="per-config limit; a hung config is killed")
+    confirm_limit: int = Field(
+        5, ge=0, le=50, description="configs measured again the same night, in fresh processes, when they look off"
+    )
 
     def measure_settings(self) -> MeasureSettings:
         return MeasureSettings(

@@ -8,9 +8,10 @@ Three plots of the CUDA graph replay speedup over eager (``mode == 'graph'`` row
 * ``<run id>-speedup-vs-kernels.png``: speedup against the kernels launched per iteration (log
   axis), one marker and colour per workload, a line at 1x (no gain).
 * ``<run id>-trend.png``: each config's speedup over the store's runs up to this one, by the run's
-  start date, with the nightly verdicts of :func:`replaybench.history.judge_series`: FASTER nights
-  marked by green up-triangles, SLOWER nights by red down-triangles, environment changes by grey
-  dotted vertical lines. The ``TREND_LIMIT`` configs with the longest history are drawn.
+  start date, with the verdicts stored for its graph rows (``replaybench.verdicts``, judged on graph
+  replay time and GPU time): FASTER nights marked by green up-triangles, SLOWER nights by red
+  down-triangles, changes of GPU driver, CUDA or torch by grey dotted vertical lines. The
+  ``TREND_LIMIT`` configs with the longest history are drawn.
 
 A plot with nothing to draw is not written. The data behind each plot comes from a small pure
 helper (:func:`batch_series`, :func:`kernel_series`, :func:`trend_series`), so that it can be
@@ -20,7 +21,7 @@ Figures are built as ``matplotlib.figure.Figure`` objects on the Agg canvas, nev
 global figure registry: nothing is left open, and plots can be written from several threads.
 
 Cost: the trend counts each config's nights in one SELECT, then reads only the configs it draws,
-each one range of the index ix_results_history, and judges them; each plot is drawn once (see
+each one range of the index ix_results_history; each plot is drawn once (see
 _save). With a year of nightly runs of 200 results each (benchmarks/report_history.py), the whole
 report of the last run, verdicts and plots included, rendered in 0.84 to 1.07 s on a 2-core box.
 """
@@ -46,7 +47,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 from sqlalchemy import distinct, func, select  # noqa: E402
 
-from .history import Point, Verdict, judge_series  # noqa: E402
+from .history import Verdict  # noqa: E402
 from .storage import Result, Run, Store  # noqa: E402
 
 __all__ = ["write_plots"]
@@ -76,11 +77,12 @@ class KernelPoint(NamedTuple):
 class TrendPoint(NamedTuple):
     run_id: int
     speedup: float
-    verdict: Verdict
+    verdict: Verdict | None  # as stored for the graph row; None where none was
     started_at: datetime | None
     ci_low: float | None = None
     ci_high: float | None = None
     reason: str = ""
+    env_changed: bool = False  # driver, CUDA or torch differ from the config's previous night
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -208,24 +210,25 @@ def _trend(store: Store, run: Run, limit: int | None) -> tuple[dict[str, list[Tr
         for workload, key in chosen:  # each a short range of the index ix_results_history
             rows = s.execute(
                 select(Result.run_id, Result.speedup, Result.speedup_ci_low, Result.speedup_ci_high, Run.started_at,
-                       Run.gpu_name, Run.gpu_driver, Run.cuda_version, Run.torch_version)
+                       Result.verdict, Result.verdict_reason, Run.gpu_driver, Run.cuda_version, Run.torch_version)
                 .join(Run, Result.run_id == Run.id)
                 .where(*graph_ok, Result.workload == workload, Result.params_key == key)
                 .order_by(Result.run_id, Result.id)
             ).all()
-            history[(workload, key)] = {run_id: (v, lo, hi, started_at, tuple(env)) for run_id, v, lo, hi, started_at, *env in rows}
+            history[(workload, key)] = {run_id: (v, lo, hi, started_at, verdict, reason, tuple(env))
+                                        for run_id, v, lo, hi, started_at, verdict, reason, *env in rows}
     # Labelled among all the run's configs, so that a label means the same on every plot.
     every = sorted(configs)
     labels = dict(zip(every, _config_labels([(w, configs[(w, k)]) for w, k in every])))
     series: dict[str, list[TrendPoint]] = {}
     for config in chosen:
         label = labels[config]
-        ordered = history[config].items()  # by run: the query's order
-        points = [Point(run_id, v, lo, hi, env) for run_id, (v, lo, hi, _, env) in ordered]
-        judgements = judge_series(points, higher_is_better=True)
+        ordered = list(history[config].items())  # by run: the query's order
+        envs = [env for _, (*_, env) in ordered]
         series[label] = [
-            TrendPoint(run_id, v, j.verdict, started_at, lo, hi, j.reason)
-            for (run_id, (v, lo, hi, started_at, _)), j in zip(ordered, judgements)
+            TrendPoint(run_id, v, Verdict(verdict) if verdict else None, started_at, lo, hi, reason or "",
+                       i > 0 and envs[i] != envs[i - 1])
+            for i, (run_id, (v, lo, hi, started_at, verdict, reason, _)) in enumerate(ordered)
         ]
     return series, len(nights)
 
@@ -346,7 +349,7 @@ def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limit
                 marked.add(verdict)
                 ax.scatter([x(p) for p in hits], [p.speedup for p in hits], marker=marker, s=70, color=color,
                            edgecolors="black", linewidths=0.6, zorder=5)
-        env_changes.update(x(p) for p in ps if p.verdict is Verdict.ENV_CHANGED)
+        env_changes.update(x(p) for p in ps if p.env_changed)
     for at in sorted(env_changes):
         ax.axvline(at, color="0.5", linestyle=":", linewidth=1.2, zorder=0)
     values = [p.speedup for ps in series.values() for p in ps]

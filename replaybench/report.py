@@ -18,7 +18,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from .results import MODE_LABELS, MODES
 from .storage import Result, Run, Store
-from .verdicts import run_verdicts
+from .verdicts import report_regressions, run_verdicts
 
 TEMPLATES_VARIABLE = "REPLAYBENCH_TEMPLATES"
 REPORTS_VARIABLE = "REPLAYBENCH_REPORTS_DIR"
@@ -91,7 +91,7 @@ def verdict(j) -> str:
     """'SLOWER (+6.1%)': the verdict and the relative change of the judged figure."""
     if j is None:
         return "n/a"
-    change = f" ({j.change:+.1%})" if j.change is not None and j.verdict.value in ("FASTER", "SLOWER", "SAME") else ""
+    change = f" ({j.change:+.1%})" if j.change is not None and j.verdict.value in ("FASTER", "SLOWER", "SAME", "UNCERTAIN") else ""
     return f"**{j.verdict.value}**{change}" if j.verdict.value in ("FASTER", "SLOWER") else f"{j.verdict.value}{change}"
 
 
@@ -136,10 +136,12 @@ def geometric_mean(values) -> float | None:
 
 def context(run: Run, store: Store | None = None, baseline: int | None = None) -> dict:
     results = list(run.results)
-    speedups = [r.speedup for r in results if r.mode == "graph" and r.status == "ok"]
+    first = [r for r in results if not r.repeat]  # a config once, without its same-night confirmations
+    speedups = [r.speedup for r in first if r.mode == "graph" and r.status == "ok"]
     verdicts = run_verdicts(store, run, baseline) if store is not None else {}
-    counts = Counter(j.verdict.value for j in verdicts.values())
+    counts = Counter(verdicts[r.id].verdict.value for r in first if r.id in verdicts)
     return {
+        "open_regressions": report_regressions(store, run) if store is not None else [],
         "verdicts": verdicts,
         "verdict_counts": counts,
         "baseline": baseline,

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, create_engine, event, select
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, create_engine, event, select
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
@@ -64,6 +64,8 @@ class Run(Base):
     environment: Mapped[dict[str, Any]] = mapped_column(default=dict)
     parameters: Mapped[dict[str, Any]] = mapped_column(default=dict)
     error: Mapped[str | None] = mapped_column(Text)
+    # The open regressions of its configs when it was judged (replaybench.verdicts.store_verdicts)
+    open_regressions: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
 
     results: Mapped[list["Result"]] = relationship(back_populates="run", order_by="Result.id")
 
@@ -141,6 +143,9 @@ class Result(Base):
     verdict_baseline: Mapped[float | None]
     verdict_reason: Mapped[str | None] = mapped_column(Text)
 
+    # 0: the config's measurement; 1: its same-night confirmation in fresh measuring processes
+    repeat: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
     run: Mapped[Run] = relationship(back_populates="results")
 
     @property
@@ -158,7 +163,23 @@ class Result(Base):
         return sum(map(bool, kept)), len(kept)
 
 
-def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | None = None) -> Result:
+class Acknowledgement(Base):
+    """An open regression someone has seen: its config, mode and metric, and its first run."""
+
+    __tablename__ = "acknowledgements"
+    __table_args__ = (UniqueConstraint("workload", "params_key", "mode", "metric", "first_run_id", name="uq_acknowledgement"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workload: Mapped[str] = mapped_column(String(128))
+    params_key: Mapped[str] = mapped_column(String(512))
+    mode: Mapped[str] = mapped_column(String(32))
+    metric: Mapped[str] = mapped_column(String(64))
+    first_run_id: Mapped[int]
+    note: Mapped[str | None] = mapped_column(Text)
+    acknowledged_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | None = None, repeat: int = 0) -> Result:
     t, lat, g, enq = m.throughput, m.latency, m.gpu, m.host_enqueue
     hn = m.host_normalised
     metrics = [(k, s) for k, s in (("throughput", t), ("latency", lat), ("gpu", g), ("host_enqueue", enq),
@@ -174,6 +195,7 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | Non
         reason=m.reason,
         device=config.device,
         gpu=gpu,
+        repeat=repeat,
         cpu_core=config.cpu_core,
         attempts=config.attempts,
         throughput_s=t and t.value,
@@ -299,7 +321,7 @@ class Store:
         with self.session.begin() as s:
             s.get(Run, run_id).flow_run_id = flow_run_id
 
-    def add_result(self, run_id: int, result: ConfigResult, gpu: str | None = None) -> list[int]:
+    def add_result(self, run_id: int, result: ConfigResult, gpu: str | None = None, repeat: int = 0) -> list[int]:
         """Store every mode of one config in one transaction, committed before returning. A locked
         or briefly unreachable database is retried for ``retry_s`` seconds: a measurement that
         took minutes is not thrown away for a lock that clears in seconds."""
@@ -308,7 +330,7 @@ class Store:
         while True:
             try:
                 with self.session.begin() as s:
-                    rows = [_result_row(run_id, result, m, gpu) for m in result.modes]
+                    rows = [_result_row(run_id, result, m, gpu, repeat) for m in result.modes]
                     s.add_all(rows)
                     s.flush()
                     return [r.id for r in rows]
@@ -319,8 +341,8 @@ class Store:
                 delay = min(delay * 2, 5.0)
 
     def finish_run(self, run_id: int, error: str | None = None) -> str:
-        """Set the run's final status; then, for a run that did not fail, judge each measured row
-        against the nightly history once and store the verdicts, which its reports read."""
+        """Set the run's final status: failed with ``error``, completed with failures, or completed.
+        Its verdicts are judged and stored afterwards (``replaybench.verdicts.store_verdicts``)."""
         with self.session.begin() as s:
             run = s.get(Run, run_id)
             statuses = set(s.scalars(select(Result.status).where(Result.run_id == run_id)))
@@ -331,27 +353,46 @@ class Store:
             else:
                 run.status = "completed"
             run.ended_at = utcnow()
-            status = run.status
-        if not error:
-            from .verdicts import store_verdicts  # here: verdicts imports this module
+            return run.status
 
-            try:
-                store_verdicts(self, run_id)
-            except Exception:  # the run is finished all the same: its reports judge it then
-                log.exception("run %d: verdicts not stored; its reports will judge it", run_id)
-        return status
+    def running_runs(self) -> list[Run]:
+        with self.session() as s:
+            return list(s.scalars(select(Run).where(Run.status == "running").order_by(Run.id)))
 
-    def mark_crashed_runs(self) -> list[int]:
-        """Runs left 'running' by a process on this host that no longer exists were killed."""
+    def mark_dead_local_runs(self) -> list[int]:
+        """Runs left 'running' by a process of this host that no longer exists: their process was
+        killed (a run's Prefect flow-run state says the same from any host: flows.benchmark)."""
         host = socket.gethostname()
+        dead = [r.id for r in self.running_runs() if r.host == host and r.pid is not None and not _pid_alive(r.pid)]
+        for run_id in dead:
+            self.mark_crashed(run_id, f"the process running it (pid {self.run(run_id).pid}) ended before the run finished")
+        return dead
+
+    def mark_crashed(self, run_id: int, reason: str) -> None:
+        """A run whose process ended before it finished: its finished results stay as they are."""
         with self.session.begin() as s:
-            runs = s.scalars(select(Run).where(Run.status == "running", Run.host == host)).all()
-            dead = [r for r in runs if r.pid is not None and not _pid_alive(r.pid)]
-            for r in dead:
-                r.status = "crashed"
-                r.error = f"the process running it (pid {r.pid}) ended before the run finished"
-                r.ended_at = r.ended_at or utcnow()
-            return [r.id for r in dead]
+            run = s.get(Run, run_id)
+            if run.status == "running":
+                run.status, run.error = "crashed", reason
+                run.ended_at = run.ended_at or utcnow()
+
+    def acknowledge(self, workload: str, params_key: str, mode: str, metric: str, first_run_id: int, note: str | None) -> bool:
+        """Record that an open regression was seen; False if it already was."""
+        with self.session.begin() as s:
+            if s.scalar(select(Acknowledgement.id).where(
+                Acknowledgement.workload == workload, Acknowledgement.params_key == params_key, Acknowledgement.mode == mode,
+                Acknowledgement.metric == metric, Acknowledgement.first_run_id == first_run_id,
+            )) is not None:
+                return False
+            s.add(Acknowledgement(workload=workload, params_key=params_key, mode=mode, metric=metric,
+                                  first_run_id=first_run_id, note=note))
+            return True
+
+    def acknowledged(self) -> set[tuple[str, str, str, str, int]]:
+        with self.session() as s:
+            rows = s.execute(select(Acknowledgement.workload, Acknowledgement.params_key, Acknowledgement.mode,
+                                    Acknowledgement.metric, Acknowledgement.first_run_id)).all()
+        return {tuple(r) for r in rows}
 
     # -- reading ------------------------------------------------------------------------------
     def run(self, run_id: int | None = None) -> Run:

@@ -121,13 +121,15 @@ def test_compare_and_runs_for_people_and_scripts(tmp_path):
     store.add_result(b, known_result(eager_us=60.0, graph_us=6.5))
     out = replaybench("compare", str(a), str(b), "--format", "json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    rows = {r["mode"]: r for r in json.loads(out.stdout)}
-    assert rows["eager"]["verdict"] == "SLOWER" and abs(rows["eager"]["change"] - 60 / 45 + 1) < 1e-9
-    assert rows["graph"]["verdict"] == "FASTER"  # the speedup went up: better for graphs
+    rows = {(r["mode"], r["figure"]): r for r in json.loads(out.stdout)}
+    assert rows[("eager", "eager throughput")]["verdict"] == "SLOWER"
+    assert abs(rows[("eager", "eager throughput")]["change"] - 60 / 45 + 1) < 1e-9
+    # Graph replay and its GPU time did not move: the speedup went up with eager, and is no verdict.
+    assert rows[("graph", "throughput")]["verdict"] == rows[("graph", "GPU time")]["verdict"] == "SAME"
     md = replaybench("compare", str(a), str(b), "--format", "markdown", cwd=tmp_path)
-    assert "| seed_mlp | batch_size=1, dtype=float32, width=128 | eager | throughput | 45.00 us | 60.00 us | +33.3% | SLOWER |" in md.stdout
+    assert "| seed_mlp | batch_size=1, dtype=float32, width=128 | eager | eager throughput | 45.00 us | 60.00 us | +33.3% | SLOWER |" in md.stdout
     table = replaybench("compare", str(a), str(b), cwd=tmp_path)
-    assert table.returncode == 0 and "1 slower, 1 faster of 2 compared" in table.stderr
+    assert table.returncode == 0 and "1 slower, 0 faster of 3 compared" in table.stderr
     runs = json.loads(replaybench("runs", "--format", "json", cwd=tmp_path).stdout)
     assert [r["id"] for r in runs] == [b, a] and runs[0]["gpu_name"] == "NVIDIA H200"
     assert replaybench("compare", str(a), "99", cwd=tmp_path).returncode == 2
@@ -198,4 +200,4 @@ def test_two_measured_runs_mark_exactly_the_slowed_workload_slower(tmp_path):
     steady = report.split("## steady")[1].split("\n## ")[0]
     assert "**SLOWER**" in slowed and "SLOWER" not in steady
     assert f"| {eager[(2, 'slowed')] * 1e6:.1f} [" in slowed  # with its figures
-    assert "(baseline pinned: run 1): **1 slower**" in report
+    assert "Against the pinned baseline, run 1: **1 slower**" in report

@@ -1,216 +1,158 @@
+"""The change-point detector on histories with known answers: steps, outlier nights, short
+histories, environment changes named as causes, confirmation, and the noise the H200 runs have."""
+
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from replaybench.history import Judgement, Point, Verdict, env_difference, judge, judge_series
+from replaybench.history import (MIN_HISTORY, Judgement, Point, Verdict, changes, compare, judge, judge_series, levels, noise,
+                                 open_changes)
 
-ENV = ("NVIDIA H200", "570.86", "12.8", "2.10.0")
-TIME, SPEEDUP = False, True  # higher_is_better
-
-
-def night(run_id, value, env=ENV, rel_ci=0.01):
-    return Point(run_id, value, value * (1 - rel_ci), value * (1 + rel_ci), env)
+TORCH = (("torch", "2.11.0"),)
+LOWER = False  # higher_is_better, for a time
 
 
-def noisy(n, level=1e-4, sigma=0.02, seed=0, start=0, env=ENV):
+def nights(n, sigma=0.02, level=1.0, seed=0, start=0, env=TORCH):
     rng = np.random.default_rng(seed)
-    return [night(start + i, level * math.exp(rng.normal(0, sigma)), env) for i in range(n)]
+    return [Point(start + i, level * math.exp(rng.normal(0, sigma)), env=env) for i in range(n)]
 
 
-def stepped(flat=20, after=3, step=0.10, sigma=0.01, seed=1, level=1e-4):
-    """A flat noisy history, then `after` nights `step` higher (the last one is tonight)."""
-    pts = noisy(flat, level, sigma, seed)
+def stepped(flat=25, after=3, step=0.10, sigma=0.01, seed=1, env_after=TORCH):
     rng = np.random.default_rng(seed + 100)
-    pts += [night(flat + i, level * (1 + step) * math.exp(rng.normal(0, sigma))) for i in range(after)]
-    return pts[:-1], pts[-1]
+    tail = [Point(flat + i, (1 + step) * math.exp(rng.normal(0, sigma)), env=env_after) for i in range(after)]
+    return nights(flat, sigma, seed=seed) + tail
 
 
-def test_time_going_up_is_slower():
-    history, tonight = stepped()
-    j = judge(history, tonight, higher_is_better=TIME)
-    assert j.verdict is Verdict.SLOWER
-    assert j.change == pytest.approx(0.10, abs=0.02)
-    assert j.baseline == pytest.approx(1e-4, rel=0.01)
-    assert "step" in j.reason
+def test_the_noise_estimate_is_not_moved_by_a_step_or_an_outlier():
+    flat = nights(60, sigma=0.03, seed=2)
+    assert noise(flat) == pytest.approx(0.03, rel=0.25)
+    shifted = flat[:30] + [Point(p.run_id, p.value * 1.3) for p in flat[30:]]
+    spiked = flat[:40] + [Point(40, flat[40].value * 2.0)] + flat[41:]
+    assert noise(shifted) == pytest.approx(noise(flat), rel=0.15)
+    assert noise(spiked) == pytest.approx(noise(flat), rel=0.15)
 
 
-def test_speedup_going_up_is_faster():
-    # The very same values as a speedup: going up is better.
-    history, tonight = stepped()
-    j = judge(history, tonight, higher_is_better=SPEEDUP)
-    assert j.verdict is Verdict.FASTER
-    assert j.change == pytest.approx(0.10, abs=0.02)
-    assert j.change == judge(history, tonight, higher_is_better=TIME).change
+def test_the_fit_finds_the_step_where_it_is():
+    found = levels(stepped(flat=20, after=10, step=0.10, sigma=0.01))
+    assert [(lv.indices[0], lv.indices[-1]) for lv in found] == [(0, 19), (20, 29)]
+    assert math.exp(found[1].mean - found[0].mean) == pytest.approx(1.10, abs=0.01)
+    # An outlier night inside a level belongs to no level.
+    spiked = nights(30, sigma=0.01, seed=3)
+    spiked[12] = Point(12, 1.3)
+    (only,) = levels(spiked)
+    assert 12 not in only.indices and len(only.indices) == 29
 
 
-def test_time_going_down_is_faster_and_speedup_going_down_is_slower():
-    history, tonight = stepped(step=-0.10, level=2.0)
-    assert judge(history, tonight, TIME).verdict is Verdict.FASTER
-    j = judge(history, tonight, SPEEDUP)
-    assert j.verdict is Verdict.SLOWER
-    assert j.change == pytest.approx(-0.10, abs=0.02)
+def test_a_step_is_slower_on_the_night_it_first_stands_then_same_while_it_holds():
+    points = stepped(flat=25, after=6, step=0.10, sigma=0.01)
+    verdicts = [j.verdict for j in judge_series(points, LOWER)]
+    assert Verdict.SLOWER in verdicts[25:28]  # reported within its first three nights
+    first = verdicts.index(Verdict.SLOWER)
+    assert all(v is Verdict.SAME for v in verdicts[first + 1:])
+    j = judge(points[:first], points[first], LOWER)
+    assert j.change == pytest.approx(0.10, abs=0.02) and j.since == 25 and "since run 25" in j.reason
+    # ...and stays an open change until the level moves back.
+    (c,) = open_changes(points)
+    assert c.first_run == 25 and c.change == pytest.approx(0.10, abs=0.02)
+    back = points + [Point(31 + i, 1.0) for i in range(6)]
+    assert [c for c in open_changes(back) if c.change > 0] == []  # the slower level is closed
 
 
-def test_flat_noisy_history_is_same():
-    pts = noisy(30, sigma=0.02, seed=3)
-    j = judge(pts[:-1], pts[-1], TIME)
-    assert j.verdict is Verdict.SAME
-    assert abs(j.change) < 0.06
-    # ...and no night of it is called a step.
-    assert not {j.verdict for j in judge_series(pts, TIME)} & {Verdict.FASTER, Verdict.SLOWER}
+def test_faster_and_slower_follow_the_direction_of_better():
+    points = stepped(step=-0.10, after=4)
+    assert Verdict.FASTER in [j.verdict for j in judge_series(points, LOWER)][25:]
+    assert Verdict.SLOWER in [j.verdict for j in judge_series(points, True)][25:]  # a speedup going down
 
 
-def test_one_bad_night_is_uncertain_not_slower():
-    pts = noisy(20, sigma=0.01, seed=4)
-    bad = night(20, 1e-4 * 1.15)
-    j = judge(pts, bad, TIME)
-    assert j.verdict is Verdict.UNCERTAIN
-    assert "one night off" in j.reason
-    assert j.change == pytest.approx(0.15, abs=0.03)
-    # Neither is the night after it, back to normal, nor the one after that.
-    after = [night(21, 1.005e-4), night(22, 0.998e-4)]
-    verdicts = [j.verdict for j in judge_series([*pts, bad, *after], TIME)[-2:]]
-    assert Verdict.SLOWER not in verdicts
+def test_a_flat_noisy_history_is_almost_never_a_step():
+    alarms = sum(j.verdict in (Verdict.SLOWER, Verdict.FASTER)
+                 for seed in range(5) for j in judge_series(nights(40, sigma=0.04, seed=seed), LOWER))
+    assert alarms <= 1  # of 5 x 34 judged nights
 
 
-def test_two_off_nights_that_do_not_hold_are_withdrawn():
-    # 10% up for two nights (1% noise): reported on the second, as the step must then hold on the
-    # third; it does not, so the third night is not SLOWER and the change is withdrawn.
-    history, _ = stepped(after=2)
-    back = night(22, 1.002e-4)
-    j = judge_series([*history, _, back], TIME)
-    assert [x.verdict for x in j[-3:-1]] == [Verdict.UNCERTAIN, Verdict.SLOWER]
-    assert j[-1].verdict is not Verdict.SLOWER
-    assert "withdrawn" in j[-1].reason
+def test_one_bad_night_is_uncertain_asks_for_a_re_measure_and_is_not_a_step():
+    points = nights(20, sigma=0.01, seed=4)
+    bad = Point(20, 1.15, env=TORCH)
+    j = judge(points, bad, LOWER)
+    assert j.verdict is Verdict.UNCERTAIN and j.since == 20 and "tonight alone" in j.reason
+    after = [Point(21, 1.004, env=TORCH), Point(22, 0.998, env=TORCH), Point(23, 1.001, env=TORCH)]
+    assert {x.verdict for x in judge_series([*points, bad, *after], LOWER)[21:]} == {Verdict.SAME}
 
 
-def test_too_short_history_is_uncertain():
-    pts = noisy(4)
-    j = judge(pts[:-1], pts[-1], TIME)
-    assert j.verdict is Verdict.UNCERTAIN
-    assert "too short" in j.reason
-    # Even a large change: 3 nights are not a baseline.
-    assert judge(pts[:-1], night(9, 2e-4), TIME).verdict is Verdict.UNCERTAIN
+def test_a_same_night_confirmation_makes_a_step_on_its_first_night():
+    history = nights(25, sigma=0.03, seed=5)
+    alone = Point(25, 1.09, env=TORCH)
+    assert judge(history, alone, LOWER).verdict is Verdict.UNCERTAIN  # one measurement: not yet
+    confirmed = Point(25, 1.09, env=TORCH, weight=3)  # the flow's two re-measures agree
+    j = judge(history, confirmed, LOWER)
+    assert j.verdict is Verdict.SLOWER and j.since == 25
 
 
-def test_no_history_is_new():
-    j = judge([], night(1, 1e-4), TIME)
-    assert j == Judgement(Verdict.NEW, None, None, j.reason)
+def test_short_histories_and_none():
+    assert judge([], Point(1, 1.0), LOWER) == Judgement(Verdict.NEW, None, None, "no earlier night on this GPU")
+    j = judge(nights(MIN_HISTORY - 1), Point(9, 2.0), LOWER)
+    assert j.verdict is Verdict.UNCERTAIN and "too short" in j.reason and j.since is None
 
 
-def test_env_change_names_the_field_and_is_never_slower():
-    pts = noisy(20)
-    new_env = ENV[:3] + ("2.11.0",)
-    j = judge(pts, night(20, 1.3e-4, env=new_env), TIME)  # 30% slower, but on another torch
-    assert j.verdict is Verdict.ENV_CHANGED
-    assert "torch 2.10.0 -> 2.11.0" in j.reason
-    assert "driver" not in j.reason
-    assert j.change == pytest.approx(0.3, abs=0.03)
-    # The second night on it has one comparable night only; history on the old key is never used.
-    j2 = judge([*pts, night(20, 1.3e-4, env=new_env)], night(21, 1.31e-4, env=new_env), TIME)
-    assert j2.verdict is Verdict.UNCERTAIN and "too short" in j2.reason
-    # Later nights on the new key are judged against the new key only: SAME at 1.3e-4.
-    later = noisy(8, level=1.3e-4, seed=9, start=20, env=new_env)
-    assert judge([*pts, *later[:-1]], later[-1], TIME).verdict is Verdict.SAME
+def test_a_torch_change_is_a_cause_not_a_wall():
+    new = (("torch", "2.12.0.dev20261203"),)
+    same = nights(25, sigma=0.01, seed=6) + nights(5, sigma=0.01, seed=7, start=25, env=new)
+    assert not {j.verdict for j in judge_series(same, LOWER)} & {Verdict.SLOWER, Verdict.FASTER}
+    slower = stepped(flat=25, after=4, step=0.12, sigma=0.01, env_after=new)
+    hits = [j for j in judge_series(slower, LOWER) if j.verdict is Verdict.SLOWER]
+    assert hits and "torch 2.11.0 -> 2.12.0.dev20261203" in hits[0].reason and hits[0].cause.startswith("torch")
 
 
-def test_env_difference_lists_every_changed_field():
-    old = ("NVIDIA H200", "570.86", "12.8", "2.10.0")
-    new = ("NVIDIA H200", "575.51", "12.9", "2.10.0")
-    assert env_difference(old, new) == "driver 570.86 -> 575.51, CUDA 12.8 -> 12.9"
+def test_a_level_of_a_few_nights_is_no_reference():
+    # Five steady nights, then three 8% lower, then tonight back at the first level: tonight is not
+    # a step up from the three (too short a level to judge against), and the three are a possible
+    # step against the five, not beyond doubt.
+    points = nights(5, sigma=0.002, seed=8) + [Point(5 + i, 0.92) for i in range(3)] + [Point(8, 1.0)]
+    assert changes(points) == [] or all(c.before.weight >= MIN_HISTORY for c in changes(points))
+    assert judge(points[:-1], points[-1], LOWER).verdict is not Verdict.FASTER
 
 
-def test_pinned_baseline_is_the_reference():
-    # The history drifted up 6% in two steps of 3%, each too small to confirm; against the
-    # pinned run from before the drift, the last nights are slower.
-    rng = np.random.default_rng(5)
-    pinned = night(0, 1e-4)
-    pts = [pinned] + [night(i, 1e-4 * (1 + 0.02 * (i // 5)) * math.exp(rng.normal(0, 0.005))) for i in range(1, 16)]
-    tonight = pts[-1]
-    j = judge(pts[:-1], tonight, TIME, pinned=pinned)
-    assert j.verdict is Verdict.SLOWER
-    assert j.baseline == pinned.value
-    assert j.change == pytest.approx(0.06, abs=0.015)
-    assert "pinned run 0" in j.reason
-    # Without the pin the same night is judged against the recent level.
-    assert judge(pts[:-1], tonight, TIME).verdict is not Verdict.SLOWER
-    # A pinned run at tonight's level: SAME, and the change is relative to the pin.
-    same = night(99, tonight.value * 1.005)
-    j = judge(pts[:-1], tonight, TIME, pinned=same)
-    assert j.verdict is Verdict.SAME
-    assert j.change == pytest.approx(tonight.value / same.value - 1)
-    # A pin from another environment is not compared.
-    other = Point(98, 1e-4, env_key=ENV[:3] + ("2.9.0",))
-    j = judge(pts[:-1], tonight, TIME, pinned=other)
-    assert j.verdict is Verdict.ENV_CHANGED and "torch 2.9.0 -> 2.10.0" in j.reason
+def test_compare_needs_the_intervals_apart_and_the_nightly_noise_to_agree():
+    a = Point(1, 100.0, 99.0, 101.0)
+    b = Point(2, 110.0, 109.0, 111.0)
+    assert compare(a, b, LOWER).verdict is Verdict.SLOWER  # no history: the intervals decide
+    assert compare(a, b, LOWER, sigma=0.05).verdict is Verdict.UNCERTAIN  # within nightly noise
+    assert compare(a, b, LOWER, sigma=0.01).verdict is Verdict.SLOWER
+    overlapping = Point(2, 110.0, 95.0, 125.0)
+    assert compare(a, overlapping, LOWER).verdict is Verdict.SAME  # never SLOWER on overlapping intervals
+    assert compare(a, Point(2, 102.0, 101.5, 102.5), LOWER).verdict is Verdict.SAME  # below the minimum effect
 
 
-def test_step_is_reported_until_it_holds_then_the_new_level_is_the_baseline():
-    history, tonight = stepped(after=8)
-    verdicts = [j.verdict for j in judge_series([*history, tonight], TIME)]
-    # One night off; two nights at +10% with 1% noise: the step (reported, to hold); it holds on
-    # the third; then the new level is the baseline.
-    assert verdicts[20:] == [Verdict.UNCERTAIN, Verdict.SLOWER, Verdict.SLOWER] + [Verdict.SAME] * 5
-    reason = judge(history, tonight, TIME).reason
-    assert "level changed +" in reason and "run 20" in reason
-
-
-def test_judge_is_the_last_night_of_judge_series():
-    pts = noisy(40, seed=11)
-    series = judge_series(pts, TIME)
-    for n in (0, 3, 5, 17, 39):
-        assert judge(pts[:n], pts[n], TIME) == series[n]
-
-
-def _rates(n_histories: int, seed: int):
-    """Detection of 5% steps within 3 nights, and false alarms per 100 step-free nights, 2% noise."""
-    rng = np.random.default_rng(seed)
-    found = alarms = nights = 0
-    for i in range(n_histories):
-        hib = bool(i % 2)
-        sign = 1 if i % 4 < 2 else -1
-        expected = Verdict.FASTER if (sign > 0) == hib else Verdict.SLOWER
-        at = int(rng.integers(15, 58))
-        x = rng.normal(0, 0.02, 60) + np.where(np.arange(60) >= at, np.log1p(sign * 0.05), 0.0)
-        verdicts = [j.verdict for j in judge_series([Point(k, float(np.exp(v))) for k, v in enumerate(x)], hib)]
-        found += expected in verdicts[at : at + 3]
-        y = rng.normal(0, 0.02, 60)
-        verdicts = [j.verdict for j in judge_series([Point(k, float(np.exp(v))) for k, v in enumerate(y)], hib)]
-        alarms += sum(v in (Verdict.FASTER, Verdict.SLOWER) for v in verdicts[5:])
-        nights += 55
-    return found / n_histories, 100 * alarms / nights
-
-
-def test_detection_and_false_alarm_rates_on_synthetic_histories():
-    detected, false_alarms = _rates(200, seed=2024)
-    # The benchmark (1000 histories each) gives 91.5% and 0.74 per 100 nights; these 200 give 94%
-    # and 0.69. The bounds leave room for the sampling error of 200 histories (sd about 2% and 0.15)
-    # and are the brief's false-alarm target.
-    assert detected >= 0.85
-    assert false_alarms <= 1.0
-
-
-def back_to_the_old_level(nights_slower, seed=0):
-    """30 steady nights (1% noise), `nights_slower` nights 6% slower, then six back at the old level."""
-    rng = np.random.default_rng(seed)
-    factors = [1.0] * 30 + [1.06] * nights_slower + [1.0] * 6
-    return [night(i, 1e-4 * f * math.exp(rng.normal(0, 0.01))) for i, f in enumerate(factors)]
-
-
-def test_a_young_level_that_steps_back_is_withdrawn_not_reported_as_a_step_back():
-    verdicts = judge_series(back_to_the_old_level(3), TIME)
-    assert Verdict.SLOWER in [j.verdict for j in verdicts[30:33]]
-    back = verdicts[33:]
-    assert Verdict.FASTER not in [j.verdict for j in back]
-    withdrawn = [j for j in back if "back at the level before it" in j.reason]
-    assert withdrawn and withdrawn[0].verdict == Verdict.SAME
-    assert [j.verdict for j in back][-2:] == [Verdict.SAME, Verdict.SAME]
-
-
-def test_a_level_that_held_then_steps_back_is_reported_as_a_step_back():
-    verdicts = judge_series(back_to_the_old_level(12), TIME)
-    assert Verdict.SLOWER in [j.verdict for j in verdicts[30:33]]
-    assert all(j.verdict == Verdict.SAME for j in verdicts[34:42])  # the new level is the baseline
-    assert Verdict.FASTER in [j.verdict for j in verdicts[42:]]
-    assert not any("back at the level before it" in j.reason for j in verdicts[42:])
+def test_on_the_noise_of_the_h200_runs_steps_are_found_and_flat_nights_are_quiet():
+    """Histories drawn from the seven H200 runs of benchmarks/data (eager over the host reference,
+    the noisiest judged figure: 3-6% per config): a 12% step is found within three nights with two
+    confirmations, and flat histories give no step."""
+    data = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+    deviations = []
+    for vm in (1, 2):
+        runs = json.loads((data / f"h200-calibration-{vm}.json").read_text())["runs"]
+        for k in range(len(runs[0])):
+            deviations.append([math.log(run[k]["eager_normalised"]) for run in runs])
+    pooled = np.concatenate([np.array(d) - np.mean(d) for d in deviations])
+    assert 0.02 < pooled.std() < 0.08
+    rng = np.random.default_rng(9)
+    found = alarms = 0
+    for h in range(20):
+        history = []
+        for i in range(30):
+            level = math.log(1.12) if i >= 22 and h % 2 else 0.0
+            p = Point(i, math.exp(level + rng.choice(pooled)))
+            j = judge(history, p, LOWER)
+            if j.verdict in (Verdict.SLOWER, Verdict.FASTER) or (j.verdict is Verdict.UNCERTAIN and j.since is not None):
+                logs = [math.log(p.value)] + [level + rng.choice(pooled) for _ in range(2)]
+                p = Point(i, math.exp(np.mean(logs)), weight=3)
+                j = judge(history, p, LOWER)
+            history.append(p)
+            if h % 2 and 22 <= i < 25 and j.verdict is Verdict.SLOWER:
+                found += 1
+                break
+            alarms += j.verdict in (Verdict.SLOWER, Verdict.FASTER) and (not h % 2 or i < 22)
+    assert found >= 8 and alarms <= 1

@@ -10,6 +10,7 @@ from sqlalchemy import event, insert, update
 from replaybench.history import Verdict
 from replaybench.plots import TREND_LIMIT, batch_series, kernel_series, trend_series, write_plots
 from replaybench.storage import Result, Run, Store
+from replaybench.verdicts import store_verdicts
 from replaybench.workload import params_json
 
 from .helpers import known_result
@@ -19,9 +20,9 @@ ENV = {"gpu_name": "NVIDIA H200", "gpu_driver": "570.86", "cuda": "12.8", "torch
 START = datetime(2025, 1, 1, 2, 0, tzinfo=timezone.utc)
 
 
-def config(workload="seed_mlp", batch_size=1, speedup=6.0, kernels=3.0, graph_ok=True, **params):
-    """One config's eager and graph result: graph at 5 us, eager at speedup x that."""
-    r = known_result(workload=workload, eager_us=5.0 * speedup, graph_us=5.0, reason=None if graph_ok else "mismatch")
+def config(workload="seed_mlp", batch_size=1, speedup=6.0, kernels=3.0, graph_ok=True, graph_us=5.0, **params):
+    """One config's eager and graph result: eager at 30 us, graph at 30/speedup us (unless given)."""
+    r = known_result(workload=workload, eager_us=graph_us * speedup, graph_us=graph_us, reason=None if graph_ok else "mismatch")
     r.params = {"batch_size": batch_size, "dtype": "float32", "width": 128, **params}
     for m in r.modes:
         m.kernels_per_iter = kernels if m.status == "ok" else None
@@ -33,6 +34,7 @@ def add_run(store, results, night=0, env=ENV):
     for r in results:
         store.add_result(run_id, r)
     store.finish_run(run_id)
+    store_verdicts(store, run_id)  # as the flow does once a run is finished
     with store.session.begin() as s:  # one run per night
         s.execute(update(Run).where(Run.id == run_id).values(started_at=START + timedelta(days=night)))
     return run_id
@@ -91,14 +93,15 @@ def test_kernel_series_per_workload_with_the_eager_count_as_fallback(db_url):
 
 
 def stepped_history(store, flat=12, after=4, step=-0.15, sigma=0.02, seed=0, level=6.0):
-    """`flat` nights of one config at `level` with lognormal noise, then `after` nights `step`
-    lower; a second config stays flat throughout. Returns the run ids."""
+    """`flat` nights of one config at speedup `level` with lognormal noise, then `after` nights with
+    graph replay slower so that the speedup is `step` lower; a second config stays flat throughout.
+    Returns the run ids."""
     rng = np.random.default_rng(seed)
     ids = []
     for night in range(flat + after):
         f = 1 + step if night >= flat else 1.0
         ids.append(add_run(store, [
-            config("mlp", 1, level * f * math.exp(rng.normal(0, sigma))),
+            config("mlp", 1, level * f * math.exp(rng.normal(0, sigma)), graph_us=5.0 / f),
             config("mlp", 8, 3.0 * math.exp(rng.normal(0, sigma))),
         ], night=night))
     return ids
@@ -116,8 +119,8 @@ def test_trend_series_marks_the_slowdown_step(db_url):
     assert verdicts[0] is Verdict.NEW
     assert Verdict.SLOWER not in verdicts[:12] and Verdict.FASTER not in verdicts
     first = verdicts.index(Verdict.SLOWER)
-    assert 12 < first <= 14, [v.value for v in verdicts]  # confirmed on the step's second or third night
-    assert "step" in stepped[first].reason
+    assert 12 < first <= 14, [v and v.value for v in verdicts]  # on the step's second or third night
+    assert f"since run {ids[12]}" in stepped[first].reason
     assert all(p.speedup < 6.0 * 0.93 for p in stepped[12:])
     assert not {Verdict.SLOWER, Verdict.FASTER} & {p.verdict for p in flat}
 
@@ -140,9 +143,9 @@ def test_trend_series_environment_change(db_url):
     store = Store(db_url)
     ids = [add_run(store, [config("mlp", 1, 6.0 + 0.01 * i)], night=i, env=ENV if i < 6 else {**ENV, "torch": "2.11.0"})
            for i in range(8)]
-    verdicts = [p.verdict for p in trend_series(store, store.run(ids[-1]))["mlp"]]
-    assert verdicts[6] is Verdict.ENV_CHANGED
-    assert Verdict.ENV_CHANGED not in verdicts[:6] + verdicts[7:]
+    points = trend_series(store, store.run(ids[-1]))["mlp"]
+    assert [p.env_changed for p in points] == [False] * 6 + [True, False]
+    assert not {Verdict.SLOWER, Verdict.FASTER} & {p.verdict for p in points}  # a torch upgrade is no step
 
 
 def test_trend_series_keeps_the_configs_with_the_most_history(db_url):

@@ -176,9 +176,10 @@ def test_two_runs_mark_exactly_the_slowed_workload_slower(open_store):
     store.add_result(second, known_result(workload="deep_mlp", eager_us=60.0, graph_us=9.0))  # deliberately slowed
     store.finish_run(second)
 
-    verdicts = {(r.workload, r.mode): j.verdict.value for r, j in compare_runs(store, first, second)}
-    assert verdicts == {("seed_mlp", "eager"): "SAME", ("seed_mlp", "graph"): "SAME",
-                        ("deep_mlp", "eager"): "SLOWER", ("deep_mlp", "graph"): "SLOWER"}
+    verdicts = {(r["workload"], r["mode"], r["figure"]): r["verdict"] for r in compare_runs(store, first, second)}
+    assert verdicts == {("seed_mlp", "eager", "eager throughput"): "SAME", ("seed_mlp", "graph", "throughput"): "SAME",
+                        ("seed_mlp", "graph", "GPU time"): "SAME", ("deep_mlp", "eager", "eager throughput"): "SLOWER",
+                        ("deep_mlp", "graph", "throughput"): "SLOWER", ("deep_mlp", "graph", "GPU time"): "SAME"}
 
 
 def writer(url: str, run_id: int, result, seconds: float, queue, start) -> None:
@@ -229,13 +230,13 @@ def test_a_run_left_running_by_a_dead_process_is_marked_crashed(open_store):
         s.get(Run, run_id).pid = int(dead.stdout)
     live = store.create_run("adhoc", {})  # this process: alive, must stay running
     store.add_result(run_id, known_result())
-    assert store.mark_crashed_runs() == [run_id]
+    assert store.mark_dead_local_runs() == [run_id]
     run = store.run(run_id)
     assert run.status == "crashed" and "ended before the run finished" in run.error
     assert run.ended_at is not None
     assert len(run.results) == 2  # finished results are intact
     assert store.run(live).status == "running"
-    assert store.mark_crashed_runs() == []  # already marked
+    assert store.mark_dead_local_runs() == []  # already marked
 
 
 def test_an_unreachable_server_is_reported_without_the_password():

@@ -55,7 +55,7 @@ def test_failures_are_listed_with_their_reason_and_text_is_escaped(db_url, tmp_p
     _, text = write_report(store, run_id, tmp_path)
     assert "status **completed with failures**" in text
     assert "Failures: 1." in text
-    failure = table_rows(text, "other |")
+    failure = table_rows(text.split("## Failures")[1], "other |")
     assert len(failure) == 1  # the newline did not start a row
     row = failure[0]
     assert len(row) == 5  # the pipes did not add cells
@@ -91,21 +91,22 @@ def test_two_runs_mark_exactly_the_slowed_workload_slower(db_url, tmp_path):
     store.add_result(second, known_result(workload="deep_mlp", eager_us=60.0, graph_us=9.0))  # deliberately slowed
     store.finish_run(second)
 
-    verdicts = {(r.workload, r.mode): j.verdict.value for r, j in compare_runs(store, first, second)}
-    assert verdicts == {("seed_mlp", "eager"): "SAME", ("seed_mlp", "graph"): "SAME",
-                        ("deep_mlp", "eager"): "SLOWER", ("deep_mlp", "graph"): "SLOWER"}
+    verdicts = {(r["workload"], r["mode"], r["figure"]): r["verdict"] for r in compare_runs(store, first, second)}
+    assert verdicts == {("seed_mlp", "eager", "eager throughput"): "SAME", ("seed_mlp", "graph", "throughput"): "SAME",
+                        ("seed_mlp", "graph", "GPU time"): "SAME", ("deep_mlp", "eager", "eager throughput"): "SLOWER",
+                        ("deep_mlp", "graph", "throughput"): "SLOWER", ("deep_mlp", "graph", "GPU time"): "SAME"}
 
     _, text = write_report(store, second, tmp_path, baseline=first)
-    assert "(baseline pinned: run 1): **2 slower**, 0 faster, 2 same" in text
+    assert "Against the pinned baseline, run 1: **2 slower**, 0 faster, 2 same" in text
     rows = [row for row in table_rows(text, "batch_size=1") if len(row) == 9]
-    assert sorted(row[7] for row in rows if "SLOWER" in row[7]) == ["**SLOWER** (+33.3%)", "**SLOWER** (-3.7%)"]
-    assert section(text, "deep_mlp").count("SLOWER") == 2 and "SLOWER" not in section(text, "seed_mlp")
+    assert sorted(row[7] for row in rows if "SLOWER" in row[7]) == ["**SLOWER** (+33.3%)", "**SLOWER** (+38.5%)"]
+    assert section(text, "deep_mlp").count("**SLOWER**") == 2 and "SLOWER" not in section(text, "seed_mlp")
     # Without a pinned baseline, two nights are too short a history to call a regression.
     _, text = write_report(store, second, tmp_path)
     assert "**0 slower**" in text
 
 
-def test_an_environment_change_is_not_a_regression(db_url, tmp_path):
+def test_an_environment_change_is_judged_across_and_named(db_url, tmp_path):
     from replaybench.verdicts import compare_runs
 
     store = Store(db_url)
@@ -113,9 +114,12 @@ def test_an_environment_change_is_not_a_regression(db_url, tmp_path):
     store.add_result(first, known_result(eager_us=45.0))
     second = store.create_run("nightly", {}, {"torch": "2.11.0", "gpu_name": "NVIDIA H200"})
     store.add_result(second, known_result(eager_us=90.0))
-    judgements = [j for _, j in compare_runs(store, first, second)]
-    assert {j.verdict.value for j in judgements} == {"ENV_CHANGED"}
-    assert "2.10.0 -> 2.11.0" in judgements[0].reason
+    eager = next(r for r in compare_runs(store, first, second) if r["mode"] == "eager")
+    assert eager["verdict"] == "SLOWER" and "torch 2.10.0 -> 2.11.0" in eager["reason"]
+    # Another GPU model is another history: not compared.
+    third = store.create_run("nightly", {}, {"torch": "2.11.0", "gpu_name": "NVIDIA H100"})
+    store.add_result(third, known_result(eager_us=90.0))
+    assert {r["verdict"] for r in compare_runs(store, first, third)} == {"NEW"}
 
 
 def test_launch_overhead_is_throughput_minus_gpu_time(db_url, tmp_path):

@@ -45,26 +45,26 @@ def test_failures_make_the_run_completed_with_failures(db_url):
 def test_schema_is_at_the_newest_migration(db_url, tmp_path):
     Store(db_url)
     con = sqlite3.connect(tmp_path / "replaybench.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0004",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0005",)
     assert con.execute("pragma journal_mode").fetchone() == ("wal",)
     assert {"runs", "results"} <= set(inspect(Store(db_url).engine).get_table_names())
 
 
-def test_a_run_left_running_by_a_dead_process_is_marked_crashed(db_url):
+def test_a_run_marked_crashed_keeps_its_finished_results(db_url):
+    """Which runs are stuck is decided from their Prefect flow runs' states (flows.benchmark,
+    tests/test_orchestration.py); the store marks them and keeps what they finished."""
     store = Store(db_url)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    run_id = store.create_run("nightly", {})
-    with store.session.begin() as s:
-        from replaybench.storage import Run
-
-        s.get(Run, run_id).pid = int(dead.stdout)
-    live = store.create_run("adhoc", {})  # this process: alive, must stay running
-    store.add_result(run_id, known_result())
-    assert store.mark_crashed_runs() == [run_id]
-    run = store.run(run_id)
-    assert run.status == "crashed" and "ended before the run finished" in run.error
+    stuck = store.create_run("nightly", {})
+    live = store.create_run("adhoc", {})
+    store.add_result(stuck, known_result())
+    assert [r.id for r in store.running_runs()] == [stuck, live]
+    store.mark_crashed(stuck, "its flow run ended CRASHED before the run finished")
+    run = store.run(stuck)
+    assert run.status == "crashed" and "CRASHED" in run.error and run.ended_at is not None
     assert len(run.results) == 2  # finished results are intact
-    assert store.run(live).status == "running"
+    store.finish_run(live)
+    store.mark_crashed(live, "too late")  # a finished run is never marked
+    assert store.run(live).status == "completed" and [r.id for r in store.running_runs()] == []
 
 
 @pytest.mark.parametrize(
@@ -155,7 +155,7 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
     assert "gpu" not in {c["name"] for c in inspect(engine).get_columns("results")}
     store = Store(url)  # opening upgrades in place
     con = sqlite3.connect(tmp_path / "old.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0004",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0005",)
     indexes = {i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("results")}
     assert indexes == {"ix_results_run_id": ["run_id"], "ix_results_history": ["workload", "params_key", "mode", "run_id"]}
     run = store.run(7)
@@ -171,6 +171,9 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
     new_id = store.create_run("cli", {}, {"torch": "2.10.0"})
     store.add_result(new_id, known_result(), gpu="vm GPU 0")
     assert {r.gpu for r in store.run(new_id).results} == {"vm GPU 0"}
-    store.finish_run(new_id)  # judged, the old run's row its graph history, and stored
+    store.finish_run(new_id)
+    from replaybench.verdicts import store_verdicts
+
+    store_verdicts(store, new_id)  # the old run's row is its graph history (nightly, no GPU either)
     verdicts = {r.mode: r.verdict for r in store.run(new_id).results}
     assert verdicts == {"eager": "NEW", "graph": "UNCERTAIN"}  # one earlier night: too short a history

@@ -94,7 +94,7 @@ def drive_the_ui(page, served, tmp_path: Path) -> None:
 
     # c. the form: wait until it holds the schema's defaults, then change three parameters
     precision = form_property(page, "Precision (Optional)").locator("input")
-    expect(precision).to_have_value("0.01")
+    expect(precision).to_have_value("0.02")
     workloads = form_property(page, "Workloads (Optional)")
     select = workloads.get_by_role("button", name="No items selected")
     seed_mlp = page.get_by_role("option", name="seed_mlp", exact=True)
