@@ -72,6 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--time-budget", type=float, metavar="SECONDS", help="seconds of timed rounds per config (default 3)")
     run.add_argument("--processes", type=int, metavar="N", help="measuring processes per GPU, each config timed in all (default 6)")
     run.add_argument("--timeout", type=float, metavar="SECONDS", help="per-config limit; a hung config is killed (default 600)")
+    run.add_argument("--confirm-limit", type=int, metavar="N",
+                     help="configs measured twice more the same night when they look off (default 5; 0: never)")
     run.add_argument("--trigger", choices=("cli", "adhoc", "nightly"), default="cli")
     common(run)
 
@@ -138,6 +140,7 @@ def _parameters(args):
         "time_budget_s": args.time_budget,
         "timeout_s": args.timeout,
         "processes": args.processes,
+        "confirm_limit": args.confirm_limit,
     }
     if args.mode:
         fields["modes"] = args.mode
