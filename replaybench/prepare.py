@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import time
-from contextlib import contextmanager
 from typing import Any, Callable
 
 import torch
@@ -35,18 +34,6 @@ def describe(exc: BaseException) -> str:
     """One line a person understands: the exception type and the first line of its message."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-@contextmanager
-def gc_paused():
-    enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def clone_outputs(out) -> tuple:
