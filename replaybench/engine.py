@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import time
 from contextlib import contextmanager
 from typing import Any, Callable
@@ -25,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from . import health
-from .prepare import Prepared, describe
+from .prepare import Prepared, compare, describe
 from .results import MeasureSettings
 from .workload import BenchConfig, Registry
 
@@ -138,7 +139,10 @@ def warm_up() -> None:
 class Session:
     """One config in one measuring process: prepare, rounds, finish."""
 
-    def __init__(self, config: BenchConfig, settings: MeasureSettings, registry: Registry):
+    def __init__(self, config: BenchConfig, settings: MeasureSettings, registry: Registry, outputs: dict | None = None):
+        """``outputs`` (A/B runs): {"send": True} to reply with eager's outputs, {"expected": those
+        outputs} to check this process's eager outputs against them."""
+        self.outputs = outputs or {}
         self.settings = settings
         self.started = clock()
         self.prepared = Prepared(config, settings, registry)
@@ -150,6 +154,15 @@ class Session:
         results so far, the modes that can be timed, and facts of this process and GPU."""
         p = self.prepared.prepare()
         cuda = p.cuda
+        outputs: dict[str, Any] = {}
+        # Outputs travel as plain pickles (a multiprocessing pipe would share tensors through file
+        # descriptors): bytes the orchestrating process hands on to the other variant unread.
+        if p.eager_output is not None and self.outputs.get("send"):
+            outputs["output"] = pickle.dumps(tuple(t.cpu() for t in p.eager_output))
+        if p.eager_output is not None and self.outputs.get("expected") is not None:
+            expected = pickle.loads(self.outputs["expected"])
+            why, _ = compare(tuple(t.to(p.device) for t in expected), p.eager_output)
+            outputs["output_differs"] = why
         health_before = health.gpu_health() if cuda else None
         try:
             with torch.inference_mode():
@@ -170,6 +183,7 @@ class Session:
             "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
             "health_before": health_before,
             "process_unusable": p.lost_context is not None,
+            **outputs,
         }
 
     def _timing_failed(self, exc: BaseException) -> None:
@@ -216,11 +230,12 @@ class Session:
 
 def handle(session: Session | None, message: tuple, registry: Registry) -> tuple[Session | None, dict[str, Any]]:
     """One request of the measuring protocol (``replaybench.worker``): the session afterwards and
-    the reply. ``("prepare", config, settings)`` starts a session; ``("round", units, modes)`` and
+    the reply. ``("prepare", config, settings[, outputs])`` starts a session; ``("round", units, modes)`` and
     ``("finish", modes)`` time it, finish releasing it; ``("release",)`` drops it unfinished."""
     kind, args = message[0], message[1:]
     if kind == "prepare":
-        session = Session(*args, registry)
+        config, settings, *outputs = args
+        session = Session(config, settings, registry, *outputs)
         return session, session.prepare()
     if kind == "round":
         return session, session.round(*args)

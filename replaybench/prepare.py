@@ -78,6 +78,7 @@ class Prepared:
         self.calls: dict[str, Callable[[], Any]] = {}  # mode -> one call, outputs ready after sync
         self.lost_context: str | None = None
         self.kernels: float | None = None  # GPU operations per call, counted in the captured graph
+        self.eager_output: tuple | None = None  # eager's outputs on the built inputs, after warm-up
 
     # -- helpers -------------------------------------------------------------------------------
     def sync(self) -> None:
@@ -230,7 +231,7 @@ class Prepared:
         with torch.inference_mode():
             try:
                 self.prepare_eager()
-                clone_outputs(self.built.fn(*self.built.inputs))
+                self.eager_output = clone_outputs(self.built.fn(*self.built.inputs))
                 self.sync()
             except Exception as exc:
                 for m in s.modes:

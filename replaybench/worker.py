@@ -1,72 +1,38 @@
 """The measuring process: timing never runs in the orchestrating process.
 
-Long-lived child processes (a pool per GPU, see MeasuringPool) import torch and start CUDA once,
-pin themselves to one core each, and measure configs sent to them over a pipe. The parent enforces a per-config timeout (a hung
-kernel cannot be interrupted from Python, so the child is killed), replaces the child after a
-crash or a sticky CUDA error, and retries a crashed measurement once in a fresh process.
+Long-lived child processes (a pool per GPU, see MeasuringPool; their main is ``replaybench.child``)
+import torch and start CUDA once, pin themselves to one core each, and measure configs sent to them
+over a pipe. The parent enforces a per-config timeout (a hung kernel cannot be interrupted from
+Python, so the child is killed), replaces the child after a crash or a sticky CUDA error, and
+retries a crashed measurement once in a fresh process. A process may run a variant of the code
+under test (``replaybench.variants``): another interpreter, workloads directory or environment.
 """
 
 from __future__ import annotations
 
-import faulthandler
+import atexit
+import json
 import multiprocessing as mp
 import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from .analysis import Units, assemble, interim
 from .results import ConfigResult, MeasureSettings, ModeResult
 from .stats import StoppingRule
+from .variants import Variant
 from .workload import BenchConfig
 
 DEFAULT_TIMEOUT_S = 600.0
 UNITS_PER_ROUND = 2  # timed units a process runs before the next process takes its turn
 STARTUP_TIMEOUT_S = 300.0
-
-
-def _serve(conn, core: int | None, extra_paths: list[str], trace_path: str | None = None) -> None:
-    """Child process main loop: one request, one reply (see ``replaybench.engine.Session``)."""
-    from . import health
-
-    if trace_path and hasattr(signal, "SIGUSR1"):
-        # On a timeout the parent asks where we are stuck before it kills us.
-        faulthandler.register(signal.SIGUSR1, file=open(trace_path, "w"), all_threads=False)
-
-    pinned = health.pin_to_core(core)
-    import torch
-
-    if pinned is not None:
-        torch.set_num_threads(1)  # one core: more threads only contend for it
-    from .engine import handle, warm_up
-
-    # One-time start-up costs (CUDA context, cuBLAS handles and kernels, graph capture, NVML) paid
-    # now, while every process of the pool starts at once, rather than in the first config, one
-    # process after the other: on an H200 the first config took 31.8 s against 7.4-9.0 s for the
-    # others with a pool of six.
-    warm_up()
-    from .workload import load_registry
-
-    registry = load_registry(extra_paths)
-    facts = health.torch_facts()
-    facts["cpu_core"] = pinned
-    facts["workloads_broken"] = registry.broken
-    conn.send(("ready", facts))
-    session = None
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        if message is None:
-            return
-        session, reply = handle(session, message, registry)
-        conn.send(reply)
-        if reply.get("process_unusable"):
-            return  # a fresh process is the only way back to a usable CUDA context
 
 
 def _signal_name(exitcode: int | None) -> str:
@@ -80,19 +46,48 @@ def _signal_name(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+_PACKAGE_LINKS: str | None = None
+
+
+def package_links() -> str:
+    """A directory holding only links to this replaybench and its shipped workloads: the one entry
+    a measuring process needs on its path, whatever interpreter runs it."""
+    global _PACKAGE_LINKS
+    if _PACKAGE_LINKS is None:
+        import workloads
+
+        directory = tempfile.mkdtemp(prefix="replaybench-path-")
+        atexit.register(shutil.rmtree, directory, True)
+        for package in (Path(__file__).resolve().parent, Path(workloads.__file__).resolve().parent):
+            os.symlink(package, os.path.join(directory, package.name))
+        _PACKAGE_LINKS = directory
+    return _PACKAGE_LINKS
+
+
+def _join(process: subprocess.Popen | None, timeout_s: float) -> None:
+    try:
+        if process is not None:
+            process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 class MeasuringProcess:
-    """Parent-side handle; use as a context manager."""
+    """Parent-side handle; use as a context manager. With a ``variant``, the process runs its
+    interpreter, its workloads (shadowing same-named ones) and its environment variables."""
 
     def __init__(
         self,
         core: int | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         extra_workload_paths: list[str] | None = None,
+        variant: Variant | None = None,
     ):
         self.core = core
         self.timeout_s = timeout_s
         self.extra_paths = [str(p) for p in extra_workload_paths or []]
-        self.process = None
+        self.variant = variant
+        self.process: subprocess.Popen | None = None
         self.conn = None
         self.environment: dict[str, Any] = {}
         self.starts = 0
@@ -109,14 +104,25 @@ class MeasuringProcess:
         return self.wait_ready()
 
     def launch(self) -> None:
-        ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
-        self.conn, child = ctx.Pipe()
+        """Start the process (a fresh interpreter: never fork one that may hold a CUDA context)."""
+        self.conn, child = mp.Pipe()
         self.trace_path = os.path.join(tempfile.mkdtemp(prefix="replaybench-"), "stack.txt")
-        self.process = ctx.Process(
-            target=_serve, args=(child, self.core, self.extra_paths, self.trace_path), name="replaybench-measure", daemon=True
-        )
-        self.process.start()
-        child.close()
+        variant = self.variant
+        python = str(variant.python) if variant and variant.python else sys.executable
+        env = {**os.environ, **(variant.env if variant else {})}
+        # Another interpreter brings its own packages: it gets none of this one's path.
+        inherited = env.get("PYTHONPATH") if python == sys.executable else None
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_links(), inherited]))
+        settings = {
+            "fd": child.fileno(), "core": self.core, "workload_paths": self.extra_paths,
+            "shadowing": [str(variant.workloads)] if variant and variant.workloads else [],
+            "trace_path": self.trace_path,
+        }
+        try:
+            self.process = subprocess.Popen([python, "-m", "replaybench.child", json.dumps(settings)],
+                                            pass_fds=(child.fileno(),), env=env)
+        finally:
+            child.close()
         self.starts += 1
 
     def wait_ready(self) -> dict[str, Any]:
@@ -125,15 +131,16 @@ class MeasuringProcess:
             raise RuntimeError(f"the measuring process did not start within {STARTUP_TIMEOUT_S:.0f} s")
         try:
             _, self.environment = self.conn.recv()
-        except EOFError:
-            self.process.join(5)
-            code = self.process.exitcode
-            raise RuntimeError(f"the measuring process died while starting ({_signal_name(code)})") from None
+        except (EOFError, ConnectionResetError):
+            _join(self.process, 5)
+            code = self.process.returncode
+            python = self.variant.python if self.variant and self.variant.python else sys.executable
+            raise RuntimeError(f"the measuring process ({python}) died while starting ({_signal_name(code)})") from None
         return self.environment
 
     @property
     def alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
+        return self.process is not None and self.process.poll() is None
 
     def where_stuck(self) -> str:
         """', stuck in FUNCTION (FILE:LINE)' from the child's own stack, or '' if it cannot say."""
@@ -156,9 +163,9 @@ class MeasuringProcess:
         return f", stuck in {m.group(3)} ({os.path.basename(m.group(1))}:{m.group(2)})" if m else ""
 
     def kill(self) -> None:
-        if self.process is not None and self.process.is_alive():
+        if self.alive:
             self.process.kill()
-            self.process.join(10)
+            _join(self.process, 10)
         if self.conn is not None:
             self.conn.close()
         if getattr(self, "trace_path", None):
@@ -166,13 +173,17 @@ class MeasuringProcess:
         self.process = self.conn = None
 
     def close(self) -> None:
+        self.ask_to_exit()
+        if self.alive:
+            _join(self.process, 10)
+        self.kill()
+
+    def ask_to_exit(self) -> None:
         if self.alive:
             try:
                 self.conn.send(None)
-                self.process.join(10)
             except (OSError, BrokenPipeError):
                 pass
-        self.kill()
 
     def request(self, message: tuple, deadline: float) -> dict[str, Any]:
         """Send one request and wait for its reply until ``deadline`` (time.monotonic()). A process
@@ -188,12 +199,12 @@ class MeasuringProcess:
         try:
             reply = self.conn.recv()
         except (EOFError, ConnectionResetError, OSError):
-            self.process.join(10)
-            code = self.process.exitcode
+            _join(self.process, 10)
+            code = self.process.returncode
             self.kill()
             raise Died(f"the measuring process died ({_signal_name(code)}) after {time.monotonic() - started:.1f} s") from None
         if reply.get("process_unusable"):
-            self.process.join(30)
+            _join(self.process, 30)
             self.kill()
         return reply
 
@@ -234,34 +245,52 @@ def _measure_once(members, config, settings, deadline) -> ConfigResult:
     deterministic and not repeated), time rounds in each process in turn until the stopping rule
     over the reported figures is met, then finish in each."""
     started = time.monotonic()
-    prepared: list[tuple[MeasuringProcess, dict]] = []
-    for member in members:
-        report = member.request(("prepare", config, settings), deadline)
-        prepared.append((member, report))
+    prepared, reports = prepare_in(members, config, settings, deadline)
+    timed = [m for m in settings.modes if all(m in r["timed"] for r in reports)]
+    units, completed = time_rounds(prepared, timed, settings, deadline, reports, lambda units: interim(units, timed))
+    finishes = finish_in(prepared, timed if completed else [], deadline)
+    return assemble(config, settings, reports, units, finishes, cpu_cores=[m.core for m in prepared],
+                    measuring_s=time.monotonic() - started)
+
+
+def prepare_in(members, config, settings, deadline, options: dict | None = None) -> tuple[list, list[dict]]:
+    """Prepare the config in each process until one fails a mode; returns the processes prepared
+    and their reports. ``options`` are handed to the first process's session (``engine.Session``)."""
+    prepared, reports = [], []
+    for i, member in enumerate(members):
+        message = ("prepare", config, settings, options) if options and i == 0 else ("prepare", config, settings)
+        report = member.request(message, deadline)
+        prepared.append(member)
+        reports.append(report)
         if report["failed"] or report["process_unusable"] or not report["timed"]:
             break
-    reports = [r for _, r in prepared]
-    timed = [m for m in settings.modes if all(m in r["timed"] for r in reports)]
-    units = [Units() for _ in prepared]
+    return prepared, reports
+
+
+def time_rounds(members, timed, settings, deadline, reports: list[dict], estimates, order=None) -> tuple[list[Units], bool]:
+    """Rounds of timed units in each process in turn until ``settings``' stopping rule is met over
+    ``estimates(units)`` (the reported estimates and each process's kept units); and whether they
+    completed. ``order(r)``, if given, lists the members' indices in the order they time round r.
+    A process whose timing fails appends its reply to ``reports`` and ends the rounds."""
+    units = [Units() for _ in members]
     rule = StoppingRule(settings.precision, settings.min_units, settings.time_budget_s)
-    rounds_started = time.monotonic()
+    started = time.monotonic()
+    r = 0
     while timed:
-        for (member, _), u in zip(prepared, units):
-            reply = member.request(("round", UNITS_PER_ROUND, timed), deadline)
+        for i in order(r) if order else range(len(members)):
+            reply = members[i].request(("round", UNITS_PER_ROUND, timed), deadline)
             if "units" not in reply:  # timing failed in that process: its modes say why
                 reports.append(reply)
-                timed = []
-                break
-            u.add(reply["units"])
-        else:
-            if rule.done(*interim(units, timed), time.monotonic() - rounds_started):
-                break
-    finishes = []
-    for member, _ in prepared:
-        if member.alive:
-            finishes.append(member.request(("finish", timed), deadline))
-    return assemble(config, settings, reports, units, finishes, cpu_cores=[m.core for m, _ in prepared],
-                    measuring_s=time.monotonic() - started)
+                return units, False
+            units[i].add(reply["units"])
+        r += 1
+        if rule.done(*estimates(units), time.monotonic() - started):
+            break
+    return units, True
+
+
+def finish_in(members, timed, deadline) -> list[dict]:
+    return [member.request(("finish", timed), deadline) for member in members if member.alive]
 
 
 def _release(members: list[MeasuringProcess]) -> None:
@@ -313,8 +342,7 @@ class MeasuringPool:
         self.close()
 
     def close(self) -> None:
-        for m in self.members:
-            m.close()
+        close_all(self.members)
 
     @property
     def environment(self) -> dict[str, Any]:
@@ -322,6 +350,14 @@ class MeasuringPool:
 
     def measure(self, config: BenchConfig, settings: MeasureSettings, timeout_s: float | None = None) -> ConfigResult:
         return measure_in(self.members, config, settings, self.timeout_s if timeout_s is None else timeout_s)
+
+
+def close_all(members: list[MeasuringProcess]) -> None:
+    """Ask every process to exit, then wait: they tear CUDA down at once, not one after another."""
+    for m in members:
+        m.ask_to_exit()
+    for m in members:
+        m.close()
 
 
 def gpu_slot() -> int:

@@ -187,6 +187,12 @@ def _load_file(path: Path):
     return module
 
 
+def _directory_candidates(directory):
+    for path in sorted(Path(directory).glob("*.py")):
+        if not path.name.startswith("_"):
+            yield path.stem, lambda p=path: _load_file(p)
+
+
 def _candidates(extra_paths: Sequence[str | os.PathLike] = ()):
     """(label, loader) pairs for every place a workload may come from."""
     import workloads as builtin
@@ -196,17 +202,19 @@ def _candidates(extra_paths: Sequence[str | os.PathLike] = ()):
             yield path.stem, lambda p=path: importlib.import_module(f"workloads.{p.stem}")
     dirs = [*extra_paths, *filter(None, os.environ.get(PATH_VARIABLE, "").split(os.pathsep))]
     for directory in dirs:
-        for path in sorted(Path(directory).glob("*.py")):
-            if not path.name.startswith("_"):
-                yield path.stem, lambda p=path: _load_file(p)
+        yield from _directory_candidates(directory)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         yield ep.name, ep.load
 
 
-def load_registry(extra_paths: Sequence[str | os.PathLike] = ()) -> Registry:
+def load_registry(extra_paths: Sequence[str | os.PathLike] = (), shadowing: Sequence[str | os.PathLike] = ()) -> Registry:
+    """Every workload found (see the module's docstring), and those that failed to load. Workloads
+    in the ``shadowing`` directories (an A/B variant's) come first and replace same-named ones."""
     workloads: dict[str, Workload] = {}
     broken: dict[str, str] = {}
-    for label, load in _candidates(extra_paths):
+    shadowed: set[str] = set()
+    sources = [(True, c) for d in shadowing for c in _directory_candidates(d)] + [(False, c) for c in _candidates(extra_paths)]
+    for shadows, (label, load) in sources:
         try:
             loaded = load()
             source = getattr(loaded, "__name__", label)
@@ -215,10 +223,14 @@ def load_registry(extra_paths: Sequence[str | os.PathLike] = ()) -> Registry:
         except Exception as exc:  # a broken user module must not stop the others
             broken[label] = f"{type(exc).__name__}: {exc}"
             continue
+        if workload.name in shadowed:
+            continue
         if workload.name in workloads:
             broken[label] = f"duplicate workload name {workload.name!r} (also in {workloads[workload.name].source})"
             continue
         workloads[workload.name] = workload
+        if shadows:
+            shadowed.add(workload.name)
     return Registry(workloads, broken)
 
 
