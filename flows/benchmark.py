@@ -55,6 +55,11 @@ class FlowParameters(RunParameters):
 progress_hook: Callable[[int, int, str], None] | None = None
 
 
+def progress(done: int, total: int, line: str) -> None:
+    if progress_hook:
+        progress_hook(done, total, line)
+
+
 @task(cache_policy=NO_CACHE, task_run_name="{config.label}")
 def measure_config(
     config: BenchConfig, settings: MeasureSettings, pool: MeasuringPool, store: Store, run_id: int
@@ -90,8 +95,7 @@ def measure_configs(run_id: int, configs: list[BenchConfig], parameters: RunPara
         for done, config in enumerate(configs, 1):
             result = measure_config(config, settings, pool, store, run_id)
             logger.info("%d/%d configs measured", done, len(configs))
-            if progress_hook:
-                progress_hook(done, len(configs), one_line(result))
+            progress(done, len(configs), one_line(result))
 
 
 @flow(name="replaybench", flow_run_name="replaybench-{trigger}")

@@ -1,6 +1,6 @@
 """Deployments: ``nightly`` (cron schedule, the default suite), ``adhoc`` (no schedule, started from
-the Prefect UI's run form), ``shard`` (started by a sharded nightly run) and ``ack`` (acknowledge an
-open regression from the UI). ``replaybench serve`` serves them from one process on a single box;
+the Prefect UI's run form), ``shard`` (started by a sharded nightly run), ``ack`` (acknowledge an
+open regression from the UI) and ``ab`` (two variants declared on the host, side by side). ``replaybench serve`` serves them from one process on a single box;
 ``prefect.yaml`` declares the same for a work pool of GPU workers."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import os
 
 from prefect.schedules import Cron
 
+from flows.ab import ab
 from flows.benchmark import ack, benchmark, shard
 
 NIGHTLY_CRON = os.environ.get("REPLAYBENCH_NIGHTLY_CRON", "0 2 * * *")
@@ -33,4 +34,6 @@ def deployments(cron: str = NIGHTLY_CRON, timezone: str = TIMEZONE, shards: int 
         shard.to_deployment(name="shard", description="A share of a sharded run.", tags=["replaybench"]),
         ack.to_deployment(name="ack", description="Acknowledge an open regression: reports stop listing it.",
                           tags=["replaybench"]),
+        ab.to_deployment(name="ab", description="An A/B run: two variants declared in this host's variants file, "
+                                                "measured side by side; B against A per config.", tags=["replaybench"]),
     ]

@@ -51,6 +51,19 @@ class Units:
         return undisturbed(self.ref_before, self.ref_after, base)
 
 
+def stored_units(rows: dict) -> list[Units]:
+    """Each measuring process's timed units again, from one config's stored rows (mode -> Result of
+    ``replaybench.storage``, eager's holding the host reference blocks): to recompute a figure."""
+    reference = rows["eager"].samples["host_reference"]
+    out = [Units(list(before), list(after)) for before, after in zip(reference["before"], reference["after"])]
+    for mode, row in rows.items():
+        blocks, sizes = row.samples["throughput"], row.samples["per_process"]["throughput"]
+        bounds = np.cumsum([0, *sizes])
+        for u, start, end in zip(out, bounds, bounds[1:]):
+            u.blocks[mode] = list(blocks[start:end])
+    return out
+
+
 @dataclass
 class Figures:
     """The reported figures of one set of units: each mode's and each speedup's estimate."""

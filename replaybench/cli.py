@@ -1,8 +1,10 @@
 """The ``replaybench`` command.
 
     replaybench run [--workload NAME ...] [--batch-size N ...] [--dtype D ...] [--mode M ...]
+    replaybench ab A B [--variants FILE] [the selection options of run]
     replaybench report [RUN] [--baseline RUN]
     replaybench compare A B [--format table|markdown|json]
+    replaybench compare RUN            (an A/B run: B against A)
     replaybench runs [--format table|json]
     replaybench workloads
 
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from contextlib import contextmanager
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -25,6 +28,7 @@ from rich.table import Table
 from .report import REPORTS_VARIABLE, TEMPLATES_VARIABLE, ReportError, check_writable, reports_dir, write_report
 from .results import MODES
 from .storage import URL_VARIABLE, Store, StoreError
+from .variants import DEFAULT_FILE, VARIANTS_VARIABLE, VariantError
 from .workload import DTYPES, WorkloadError, load_registry
 
 console = Console(stderr=True)
@@ -61,21 +65,34 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--reports", metavar="DIR", help=f"report directory (env {REPORTS_VARIABLE}; default reports)")
             p.add_argument("--templates", metavar="DIR", help=f"your own template directory (env {TEMPLATES_VARIABLE})")
 
+    def selection(p, budget: str, processes: str):
+        p.add_argument("-w", "--workload", action="append", default=[], metavar="NAME", help="repeat for several; default: all")
+        p.add_argument("-b", "--batch-size", action="append", default=[], type=int, metavar="N")
+        p.add_argument("--dtype", action="append", default=[], metavar="DTYPE", help=", ".join(DTYPES))
+        p.add_argument("--mode", action="append", default=[], metavar="MODE", help=", ".join(MODES) + " (default: eager, graph)")
+        p.add_argument("--set", action="append", default=[], type=_size, metavar="KEY=V1,V2", help="narrow another grid key")
+        p.add_argument("--full-grid", action="store_true", help="each workload's full grid, not its default grid")
+        p.add_argument("--precision", type=float, help="stop once every reported 95%% interval is within +/- this (default 0.02)")
+        p.add_argument("--time-budget", type=float, metavar="SECONDS", help=f"seconds of timed rounds per config ({budget})")
+        p.add_argument("--processes", type=int, metavar="N", help=processes)
+        p.add_argument("--timeout", type=float, metavar="SECONDS", help="per-config limit; a hung config is killed (default 600)")
+
     run = sub.add_parser("run", help="measure workloads through the Prefect flow and write a report")
-    run.add_argument("-w", "--workload", action="append", default=[], metavar="NAME", help="repeat for several; default: all")
-    run.add_argument("-b", "--batch-size", action="append", default=[], type=int, metavar="N")
-    run.add_argument("--dtype", action="append", default=[], metavar="DTYPE", help=", ".join(DTYPES))
-    run.add_argument("--mode", action="append", default=[], metavar="MODE", help=", ".join(MODES) + " (default: eager, graph)")
-    run.add_argument("--set", action="append", default=[], type=_size, metavar="KEY=V1,V2", help="narrow another grid key")
-    run.add_argument("--full-grid", action="store_true", help="each workload's full grid, not its default grid")
-    run.add_argument("--precision", type=float, help="stop once every reported 95%% interval is within +/- this (default 0.02)")
-    run.add_argument("--time-budget", type=float, metavar="SECONDS", help="seconds of timed rounds per config (default 3)")
-    run.add_argument("--processes", type=int, metavar="N", help="measuring processes per GPU, each config timed in all (default 6)")
-    run.add_argument("--timeout", type=float, metavar="SECONDS", help="per-config limit; a hung config is killed (default 600)")
+    selection(run, "default 3", "measuring processes per GPU, each config timed in all (default 6)")
     run.add_argument("--confirm-limit", type=int, metavar="N",
                      help="configs measured twice more the same night when they look off (default 5; 0: never)")
     run.add_argument("--trigger", choices=("cli", "adhoc", "nightly"), default="cli")
     common(run)
+
+    ab = sub.add_parser("ab", help="measure two variants of the code under test side by side: B against A, per config")
+    ab.add_argument("a", metavar="A", help="the baseline variant: a name declared in the variants file")
+    ab.add_argument("b", metavar="B", help="the variant compared against A")
+    ab.add_argument("--variants", metavar="FILE", help=f"the variants file (env {VARIANTS_VARIABLE}; default {DEFAULT_FILE})")
+    selection(ab, "both variants together; default 6", "measuring processes per variant, a pair per core (default 6, at least 2)")
+    ab.add_argument("--min-effect", type=float, metavar="F",
+                    help="an interval holding no change and narrower than +/- this reads 'no difference' (default 0.05)")
+    ab.add_argument("--format", choices=("table", "json"), default="table", help="of the comparison printed at the end")
+    common(ab)
 
     report = sub.add_parser("report", help="print a stored run's report (and write it to the report directory)")
     report.add_argument("run_id", nargs="?", type=int, metavar="RUN", help="run id; default: the latest run")
@@ -88,9 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     runs.add_argument("--format", choices=("table", "json"), default="table")
     common(runs, report=False)
 
-    compare = sub.add_parser("compare", help="compare run B against run A, with verdicts")
+    compare = sub.add_parser("compare", help="compare run B against run A, with verdicts; or an A/B run's B against its A")
     compare.add_argument("base", type=int, metavar="A")
-    compare.add_argument("run", type=int, metavar="B")
+    compare.add_argument("run", type=int, metavar="B", nargs="?")
     compare.add_argument("--format", choices=("table", "markdown", "json"), default="table")
     common(compare, report=False)
 
@@ -127,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _parameters(args):
+def _parameters(args, model=None, **more):
     from .params import RunParameters
 
     fields = {
@@ -140,12 +157,12 @@ def _parameters(args):
         "time_budget_s": args.time_budget,
         "timeout_s": args.timeout,
         "processes": args.processes,
-        "confirm_limit": args.confirm_limit,
+        **more,
     }
     if args.mode:
         fields["modes"] = args.mode
     try:
-        return RunParameters(**{k: v for k, v in fields.items() if v is not None})
+        return (model or RunParameters)(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"])
@@ -159,26 +176,16 @@ def _store(args) -> Store:
 
 
 def cmd_run(args) -> int:
-    parameters = _parameters(args)
+    parameters = _parameters(args, confirm_limit=args.confirm_limit)
     configs = parameters.configs(load_registry())
     check_writable(reports_dir(args.reports), create=False)
     _store(args)  # reachable and migrated, before any measuring
     _settings_to_environment(args)  # the flow reads them from there, as it does on a worker
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    _prefect_defaults()
     console.print(f"measuring {len(configs)} config(s), modes: {', '.join(parameters.modes)}")
     import flows.benchmark as flows_benchmark
 
-    with Progress(
-        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=console, transient=False,
-    ) as progress:
-        bar = progress.add_task("measuring", total=len(configs))
-
-        def advance(done: int, total: int, line: str) -> None:
-            progress.update(bar, completed=done, description=line.split(":")[0])
-
-        flows_benchmark.progress_hook = advance
+    with _progress(len(configs)):
         run_id = flows_benchmark.benchmark(
             parameters=flows_benchmark.FlowParameters(**parameters.model_dump()), trigger=args.trigger
         )
@@ -186,6 +193,79 @@ def cmd_run(args) -> int:
     path = reports_dir(args.reports) / f"{run_id}.md"
     print(f"run {run_id} {run.status.replace('_', ' ')}: report {path} (also {path.parent / 'latest.md'})")
     return 0 if run.status == "completed" else 1
+
+
+@contextmanager
+def _progress(total: int):
+    """A progress bar on stderr, advanced by the flow as each config is stored."""
+    import flows.benchmark as flows_benchmark
+
+    with Progress(
+        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console, transient=False,
+    ) as progress:
+        bar = progress.add_task("measuring", total=total)
+
+        def advance(done: int, total: int, line: str) -> None:
+            progress.update(bar, completed=done, description=line.split(":")[0])
+
+        flows_benchmark.progress_hook = advance
+        try:
+            yield
+        finally:
+            flows_benchmark.progress_hook = None
+
+
+def _prefect_defaults() -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def cmd_ab(args) -> int:
+    from .params import ABParameters
+    from .variants import VariantError, load_variants, pick, variants_file
+
+    parameters = _parameters(args, model=ABParameters, a=args.a, b=args.b, min_effect=args.min_effect)
+    file = variants_file(args.variants).absolute()
+    try:
+        a, _ = pick(load_variants(file), parameters.a, parameters.b)
+    except VariantError as exc:
+        raise UsageError(str(exc)) from None
+    configs = parameters.configs(load_registry(shadowing=[a.workloads] if a.workloads else []))
+    check_writable(reports_dir(args.reports), create=False)
+    _store(args)
+    _settings_to_environment(args)
+    os.environ[VARIANTS_VARIABLE] = str(file)  # the flow reads the variants where it runs, as a worker does
+    _prefect_defaults()
+    console.print(f"measuring {len(configs)} config(s) with {parameters.a} (A) and {parameters.b} (B), "
+                  f"{parameters.processes} process pair(s)")
+    import flows.ab as flows_ab
+
+    with _progress(len(configs)):
+        run_id = flows_ab.ab(parameters=flows_ab.ABFlowParameters(**parameters.model_dump()))
+    store = Store(args.db)
+    _print_ab(store, run_id, args.format)
+    run = store.run(run_id)
+    path = reports_dir(args.reports) / f"{run_id}.md"
+    console.print(f"run {run_id} {run.status.replace('_', ' ')}: report {path}")
+    return 0 if run.status == "completed" else 1
+
+
+def _print_ab(store: Store, run_id: int, form: str) -> None:
+    from .report import ab_rows, params_label
+
+    rows = ab_rows(store, store.run(run_id))
+    if form == "json":
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table("workload", "config", "mode", "figure", "A", "B", "B against A [95% CI]")
+    for row in rows:
+        style = {"slower": "red", "lower": "red", "faster": "green", "higher": "green"}.get(row["verdict"])
+        fmt = (lambda v: "n/a" if v is None else f"{v:.2f}x") if row["metric"] == "speedup" else \
+            (lambda v: "n/a" if v is None else f"{v * 1e6:.2f} us")
+        table.add_row(row["workload"], params_label(row["params"]), row["mode"], row["metric"], fmt(row["a"]), fmt(row["b"]),
+                      row["text"], style=style)
+    Console().print(table)
 
 
 def cmd_report(args) -> int:
@@ -218,7 +298,17 @@ def cmd_compare(args) -> int:
     from .report import md_cell, params_label
     from .verdicts import compare_runs
 
-    rows = compare_runs(_store(args), args.base, args.run)
+    store = _store(args)
+    if args.run is None:
+        if store.run(args.base).trigger != "ab":
+            raise UsageError(f"run {args.base} is not an A/B run: compare it with another run (replaybench compare A B)")
+        if args.format == "markdown":
+            raise UsageError("an A/B run's markdown is its report: replaybench report " + str(args.base))
+        _print_ab(store, args.base, args.format)
+        return 0
+    if "ab" in (store.run(args.base).trigger, store.run(args.run).trigger):
+        raise UsageError("an A/B run holds two variants: compare its B against its A with replaybench compare RUN")
+    rows = compare_runs(store, args.base, args.run)
     if args.format == "json":
         print(json.dumps(rows, indent=2))
         return 0
@@ -357,11 +447,11 @@ def main(argv: list[str] | None = None) -> int:
     handler = {
         "run": cmd_run, "report": cmd_report, "runs": cmd_runs, "workloads": cmd_workloads,
         "serve": cmd_serve, "setup": cmd_setup, "worker": cmd_worker, "compare": cmd_compare,
-        "regressions": cmd_regressions, "ack": cmd_ack, "alerts": cmd_alerts,
+        "regressions": cmd_regressions, "ack": cmd_ack, "alerts": cmd_alerts, "ab": cmd_ab,
     }[args.command]
     try:
         return handler(args)
-    except (UsageError, WorkloadError, StoreError, ReportError) as exc:
+    except (UsageError, WorkloadError, StoreError, ReportError, VariantError) as exc:
         print(f"replaybench: error: {exc}", file=sys.stderr)
         return 2
 

@@ -8,14 +8,18 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from .results import DEFAULT_MODES, MeasureSettings, Mode
+from .variants import VariantName
 from .workload import DTYPES, MAX_BATCH_SIZE, BenchConfig, Registry, expand
 
 DType = Literal[DTYPES]  # type: ignore[valid-type]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
 SizeValue = Union[int, float, str]
+MIN_EFFECT = 0.05
 
 
-class RunParameters(BaseModel):
+class Selection(BaseModel):
+    """What to measure and how precisely: shared by runs and A/B runs."""
+
     model_config = ConfigDict(extra="forbid")
 
     workloads: list[str] = Field(
@@ -37,9 +41,6 @@ class RunParameters(BaseModel):
         6, ge=1, le=16, description="measuring processes per GPU; each config is timed in every one, in turn"
     )
     timeout_s: float = Field(600, ge=1, le=24 * 3600, description="per-config limit; a hung config is killed")
-    confirm_limit: int = Field(
-        5, ge=0, le=50, description="configs measured again the same night, in fresh processes, when they look off"
-    )
 
     def measure_settings(self) -> MeasureSettings:
         return MeasureSettings(
@@ -49,3 +50,22 @@ class RunParameters(BaseModel):
     def configs(self, registry: Registry) -> list[BenchConfig]:
         narrow = {"batch_size": self.batch_sizes, "dtype": self.dtypes, **self.sizes}
         return expand(registry, self.workloads or None, narrow, full=self.full_grid)
+
+
+class RunParameters(Selection):
+    confirm_limit: int = Field(
+        5, ge=0, le=50, description="configs measured again the same night, in fresh processes, when they look off"
+    )
+
+
+class ABParameters(Selection):
+    """An A/B run: the selection measured by two variants declared on the measuring host
+    (``replaybench.variants``), named here, never described."""
+
+    a: VariantName
+    b: VariantName
+    processes: int = Field(6, ge=2, le=16, description="measuring processes per variant, a pair of them per core")
+    time_budget_s: float = Field(6.0, gt=0, le=600, description="seconds of timed rounds per config, both variants together")
+    min_effect: float = Field(
+        MIN_EFFECT, ge=0.005, le=0.5, description="an interval holding no change and narrower than +/- this reads 'no difference'"
+    )

@@ -158,6 +158,39 @@ def context(run: Run, store: Store | None = None, baseline: int | None = None) -
     }
 
 
+AB_FIGURES = {"time per call": "throughput_s", "GPU time": "gpu_s", "speedup": "speedup"}
+
+
+def ab_rows(store: Store, run: Run) -> list[dict]:
+    """An A/B run's comparisons, each with A's and B's own figures: what `replaybench compare RUN`,
+    JSON output and the A/B report show."""
+    figures = {(r.workload, r.params_key, r.mode, r.variant): r for r in run.results}
+    rows = []
+    for c in store.comparisons(run.id):
+        column = AB_FIGURES[c.metric]
+        a, b = (figures.get((c.workload, c.params_key, c.mode, v)) for v in ("A", "B"))
+        rows.append({
+            "workload": c.workload, "params": c.params, "mode": c.mode, "metric": c.metric,
+            "a": getattr(a, column, None), "b": getattr(b, column, None),
+            "ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high, "pairs": c.pairs, "verdict": c.verdict, "text": c.text,
+        })
+    return rows
+
+
+def ab_context(run: Run, store: Store) -> dict:
+    rows = ab_rows(store, run)
+    return {
+        "run": run,
+        "rows": rows,
+        "verdict_counts": Counter(r["verdict"] for r in rows),
+        "variants": (run.environment or {}).get("variants", {}),
+        "parameters": run.parameters or {},
+        "failures": [r for r in run.results if r.status in ("failed", "crashed")],
+        "mode_labels": MODE_LABELS,
+        "environment": run.environment or {},
+    }
+
+
 def environment(template_dir: str | os.PathLike | None = None) -> Environment:
     dirs = [d for d in (template_dir, os.environ.get(TEMPLATES_VARIABLE)) if d]
     for d in dirs:
@@ -188,8 +221,11 @@ def write_report(store: Store, run_id: int, directory=None, template_dir=None, b
 
     directory = check_writable(reports_dir(directory))
     run = store.run(run_id)
-    plots = write_plots(store, run, directory)  # PNGs beside the markdown, linked from it
-    text = render(run, template_dir, store=store, baseline=baseline, plots=plots)
+    if run.trigger == "ab":
+        text = environment(template_dir).get_template("ab.md.j2").render(**ab_context(run, store))
+    else:
+        plots = write_plots(store, run, directory)  # PNGs beside the markdown, linked from it
+        text = render(run, template_dir, store=store, baseline=baseline, plots=plots)
     path = directory / f"{run_id}.md"
     for target in (path, directory / "latest.md"):
         tmp = target.with_suffix(".md.tmp")

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 URL_VARIABLE = "REPLAYBENCH_DB_URL"
 DEFAULT_URL = "sqlite:///replaybench.db"
 
-TRIGGERS = ("nightly", "adhoc", "cli", "shard")
+TRIGGERS = ("nightly", "adhoc", "cli", "shard", "ab")
 
 
 class StoreError(RuntimeError):
@@ -145,6 +145,8 @@ class Result(Base):
 
     # 0: the config's measurement; 1: its same-night confirmation in fresh measuring processes
     repeat: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # A/B runs: which variant measured this row, "A" or "B" (their names: the run's environment)
+    variant: Mapped[str | None] = mapped_column(String(8))
 
     run: Mapped[Run] = relationship(back_populates="results")
 
@@ -163,6 +165,26 @@ class Result(Base):
         return sum(map(bool, kept)), len(kept)
 
 
+class Comparison(Base):
+    """B against A for one config, mode and metric of an A/B run (``replaybench.ab``)."""
+
+    __tablename__ = "comparisons"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    workload: Mapped[str] = mapped_column(String(128))
+    params: Mapped[dict[str, Any]]
+    params_key: Mapped[str] = mapped_column(String(512))
+    mode: Mapped[str] = mapped_column(String(32))
+    metric: Mapped[str] = mapped_column(String(32))
+    ratio: Mapped[float | None]  # B's figure over A's, and its 95% interval
+    ci_low: Mapped[float | None]
+    ci_high: Mapped[float | None]
+    pairs: Mapped[int]
+    verdict: Mapped[str] = mapped_column(String(16))
+    text: Mapped[str] = mapped_column(Text)
+
+
 class Acknowledgement(Base):
     """An open regression someone has seen: its config, mode and metric, and its first run."""
 
@@ -179,7 +201,8 @@ class Acknowledgement(Base):
     acknowledged_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | None = None, repeat: int = 0) -> Result:
+def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | None = None, repeat: int = 0,
+                variant: str | None = None) -> Result:
     t, lat, g, enq = m.throughput, m.latency, m.gpu, m.host_enqueue
     hn = m.host_normalised
     metrics = [(k, s) for k, s in (("throughput", t), ("latency", lat), ("gpu", g), ("host_enqueue", enq),
@@ -196,6 +219,7 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | Non
         device=config.device,
         gpu=gpu,
         repeat=repeat,
+        variant=variant,
         cpu_core=config.cpu_core,
         attempts=config.attempts,
         throughput_s=t and t.value,
@@ -325,20 +349,40 @@ class Store:
         """Store every mode of one config in one transaction, committed before returning. A locked
         or briefly unreachable database is retried for ``retry_s`` seconds: a measurement that
         took minutes is not thrown away for a lock that clears in seconds."""
+        return self._write(lambda: (_result_row(run_id, result, m, gpu, repeat) for m in result.modes))
+
+    def add_ab_result(self, run_id: int, result, gpu: str | None = None) -> None:
+        """Store both variants' rows of one config and its comparisons (a ``replaybench.ab.ABResult``)
+        in one transaction, retried as ``add_result`` is."""
+        def rows():
+            key = params_json(result.config.params)
+            yield from (_result_row(run_id, result.a, m, gpu, variant="A") for m in result.a.modes)
+            yield from (_result_row(run_id, result.b, m, gpu, variant="B") for m in result.b.modes)
+            for c in result.comparisons:
+                yield Comparison(run_id=run_id, workload=result.config.workload, params=result.config.params, params_key=key,
+                                 **c.model_dump())
+
+        self._write(rows)
+
+    def _write(self, rows) -> list[int]:
         deadline = time.monotonic() + self.retry_s
         delay = 0.1
         while True:
             try:
                 with self.session.begin() as s:
-                    rows = [_result_row(run_id, result, m, gpu, repeat) for m in result.modes]
-                    s.add_all(rows)
+                    made = list(rows())
+                    s.add_all(made)
                     s.flush()
-                    return [r.id for r in rows]
+                    return [r.id for r in made]
             except OperationalError:
                 if time.monotonic() + delay > deadline:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def comparisons(self, run_id: int) -> list[Comparison]:
+        with self.session() as s:
+            return list(s.scalars(select(Comparison).where(Comparison.run_id == run_id).order_by(Comparison.id)))
 
     def finish_run(self, run_id: int, error: str | None = None) -> str:
         """Set the run's final status: failed with ``error``, completed with failures, or completed.

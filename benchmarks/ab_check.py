@@ -1,0 +1,177 @@
+"""Does an A/B run tell a real difference from none? Three `replaybench ab` runs through the CLI.
+
+    python benchmarks/ab_check.py [--out DIR] [--suite default|noisy|none] [--time-budget S]
+    python benchmarks/ab_check.py --recompute ab.db     # every A/B run stored there, again
+
+1. **A against an identical B** over the default suite (``--suite``): both variants are this
+   interpreter with the shipped workloads, declared under two names. Prints the share of configs
+   read "no difference" on every metric, how many intervals hold no change, and the relative
+   half-width of the B/A intervals per metric (targets: >= 95% of configs, every interval,
+   <= 1% for graph time per call and GPU time, <= 5% for eager time per call).
+2. **One more kernel per call** in B (``benchmarks/ab_probe``, AB_PROBE_EXTRA=kernel): graph time
+   per call and GPU time should read slower.
+3. **About 10% more host work per call** in B (AB_PROBE_EXTRA=host): eager should read slower,
+   graph time per call and GPU time not.
+
+Everything lands in ``--out`` (database, reports, the variants file, every row as JSON in
+``ab_check.json``); ``--limit`` stops the identical run early, keeping the configs it stored.
+``--recompute`` recomputes the comparisons of every A/B run in a store from its stored units, with
+the current ``replaybench.ab.ratios`` (the H200 runs are kept in benchmarks/data). A benchmark, not a test: it prints figures and targets and never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PROBE = REPO / "benchmarks" / "ab_probe"
+NOISY = ["seed_mlp", "gpt_multi_step", "resnet_small", "rnn_unrolled", "recommender", "sdpa_attention"]
+
+VARIANTS = f"""
+[variants.main]
+[variants.main-again]
+[variants.probe]
+workloads = "{PROBE}"
+[variants.probe-kernel]
+workloads = "{PROBE}"
+env = {{ AB_PROBE_EXTRA = "kernel" }}
+[variants.probe-host]
+workloads = "{PROBE}"
+env = {{ AB_PROBE_EXTRA = "host" }}
+"""
+
+
+def environment(out: Path) -> dict:
+    return {**os.environ, "REPLAYBENCH_DB_URL": f"sqlite:///{out / 'ab.db'}", "REPLAYBENCH_REPORTS_DIR": str(out / "reports"),
+            "REPLAYBENCH_VARIANTS": str(out / "variants.toml")}
+
+
+def replaybench_args(out: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "replaybench.cli", *args]
+
+
+def replaybench(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(replaybench_args(out, *args), cwd=REPO, env=environment(out), capture_output=True, text=True)
+
+
+def ab_run(out: Path, name: str, a: str, b: str, extra: list[str], limit_s: float | None = None) -> dict:
+    """One `replaybench ab` run; its rows read back from the store, also when ``limit_s`` cut it short."""
+    started = time.monotonic()
+    with open(out / f"{name}.log", "w") as log:
+        try:
+            done = subprocess.run(replaybench_args(out, "ab", a, b, *extra), cwd=REPO, env=environment(out), stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=limit_s)
+            status = f"exit {done.returncode}"
+        except subprocess.TimeoutExpired:
+            status = f"stopped after {limit_s:.0f} s"
+    wall = time.monotonic() - started
+    runs = json.loads(replaybench(out, "runs", "--format", "json", "--limit", "1").stdout)
+    rows = json.loads(replaybench(out, "compare", str(runs[0]["id"]), "--format", "json").stdout) if runs else []
+    configs = len({(r["workload"], json.dumps(r["params"])) for r in rows})
+    print(f"\n== {name}: B={b} against A={a}, {configs} config(s), {wall:.0f} s, {status}")
+    for r in rows:
+        print(f"  {r['workload']:<20} {json.dumps(r['params'], sort_keys=True)[:60]:<60} {r['mode']:<6} {r['metric']:<14} {r['text']}")
+    return {"name": name, "rows": rows, "wall_s": wall, "status": status, "configs": configs}
+
+
+def halfwidth(r: dict) -> float | None:
+    return (r["ci_high"] - r["ci_low"]) / 2 / r["ratio"] if r["ratio"] else None
+
+
+def summarize_identical(rows: list[dict]) -> None:
+    configs: dict[str, list[dict]] = {}
+    for r in rows:
+        configs.setdefault(r["workload"] + json.dumps(r["params"], sort_keys=True), []).append(r)
+    same = sum(all(r["verdict"] == "no difference" for r in rs) for rs in configs.values())
+    holding = [r for r in rows if r["ratio"] is not None and r["ci_low"] <= 1 <= r["ci_high"]]
+    measured = [r for r in rows if r["ratio"] is not None]
+    print(f"\nidentical: {same} of {len(configs)} configs 'no difference' on every metric ({same / max(len(configs), 1):.0%}; "
+          f"target >= 95%); {len(holding)} of {len(measured)} intervals hold no change (target: all)")
+    for mode, metric, target in (("eager", "time per call", "<= 5%"), ("graph", "time per call", "<= 1%"),
+                                 ("graph", "GPU time", "<= 1%"), ("graph", "speedup", "none set")):
+        widths = [halfwidth(r) for r in measured if r["mode"] == mode and r["metric"] == metric]
+        widths = [w for w in widths if w is not None]
+        if widths:
+            print(f"  {mode} {metric}: B/A half-width median {statistics.median(widths):.2%}, max {max(widths):.2%} "
+                  f"(target {target}); {sum(w <= float(target.strip('<= %')) / 100 for w in widths) if '%' in target else '-'}"
+                  f" of {len(widths)} within")
+    for r in measured:
+        if not r["ci_low"] <= 1 <= r["ci_high"]:
+            print(f"  excludes no change: {r['workload']} {json.dumps(r['params'], sort_keys=True)} {r['mode']} {r['metric']}: {r['text']}")
+
+
+def recompute(url: str) -> None:
+    sys.path.insert(0, str(REPO))
+    from replaybench.ab import comparisons, ratios
+    from replaybench.analysis import stored_units
+    from replaybench.storage import Store
+
+    store = Store(url, migrate=False)
+    for run in reversed([r for r in store.runs(1000) if r.trigger == "ab"]):
+        run = store.run(run.id)
+        params = run.parameters or {}
+        rows: dict[tuple, dict] = {}
+        for r in run.results:
+            if r.status == "ok":
+                rows.setdefault((r.workload, r.params_key, r.variant), {})[r.mode] = r
+        out = []
+        for (workload, key, variant), a in rows.items():
+            b = rows.get((workload, key, "B"))
+            if variant != "A" or not b or set(a) != set(b):
+                continue
+            timed = [m for m in ("eager", "graph", "compile", "compile_cudagraphs") if m in a]
+            pairs = len(stored_units(a))
+            gpu = [{m: _groups(x, "gpu") for m, x in side.items() if x.samples.get("gpu")} for side in (a, b)]
+            finishes = tuple([{"gpu": {m: (g[i], []) for m, g in groups.items()}} for i in range(pairs)] for groups in gpu)
+            found = comparisons(ratios(stored_units(a), stored_units(b), timed, finishes), params.get("min_effect", 0.05), pairs)
+            out += [{"workload": workload, "params": json.loads(key), **c.model_dump()} for c in found]
+        print(f"\n== run {run.id}: {params.get('b')} against {params.get('a')}, {len(out)} comparison(s)")
+        for r in out:
+            print(f"  {r['workload']:<20} {json.dumps(r['params'], sort_keys=True)[:60]:<60} {r['mode']:<6} {r['metric']:<14} {r['text']}")
+        if params.get("a") == "main" and params.get("b") == "main-again":
+            summarize_identical(out)
+
+
+def _groups(row, metric: str) -> list[list[float]]:
+    sizes = row.samples["per_process"][metric]
+    bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+    return [row.samples[metric][x:y] for x, y in zip(bounds, bounds[1:])]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="ab-check", help="directory for the database, reports and JSON")
+    parser.add_argument("--suite", choices=("default", "noisy", "none"), default="default")
+    parser.add_argument("--time-budget", type=float, default=None, help="per config, both variants (default: ab's)")
+    parser.add_argument("--processes", type=int, default=None)
+    parser.add_argument("--limit", type=float, default=None, metavar="S", help="stop the identical run after S seconds")
+    parser.add_argument("--skip-probes", action="store_true", help="only the identical run")
+    parser.add_argument("--recompute", metavar="DB", help="recompute the A/B runs stored in this SQLite file, and stop")
+    args = parser.parse_args()
+    if args.recompute:
+        return recompute(f"sqlite:///{Path(args.recompute).absolute()}")
+    out = Path(args.out).absolute()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "variants.toml").write_text(VARIANTS)
+    extra = [*(["--time-budget", str(args.time_budget)] if args.time_budget else []),
+             *(["--processes", str(args.processes)] if args.processes else [])]
+    runs = []
+    for name, b in () if args.skip_probes else (("kernel", "probe-kernel"), ("host", "probe-host")):
+        runs.append(ab_run(out, name, "probe", b, ["-w", "ab_probe", *extra]))
+    if args.suite != "none":
+        suite = [w for name in NOISY for w in ("-w", name)] if args.suite == "noisy" else []
+        runs.append(ab_run(out, "identical", "main", "main-again", [*suite, *extra], args.limit))
+        summarize_identical(runs[-1]["rows"])
+    (out / "ab_check.json").write_text(json.dumps(runs, indent=1))
+    print("\nwall time per config: " + ", ".join(f"{r['name']} {r['wall_s'] / max(r['configs'], 1):.1f} s" for r in runs))
+
+
+if __name__ == "__main__":
+    main()

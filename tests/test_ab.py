@@ -1,0 +1,333 @@
+"""A/B runs: the comparison's statistics on the units of real H200 A/B runs (benchmarks/data, made
+by benchmarks/ab_check.py), the variants file, and `replaybench ab` end to end on the CPU: two
+interpreters and two workload directories through the CLI, and the `ab` deployment through a real
+Prefect server, whose form refuses a variant the worker does not declare."""
+
+import json
+import os
+import site
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replaybench.ab import interval, judge, ratio, ratios
+from replaybench.analysis import Units, stored_units
+from replaybench.storage import Store
+from replaybench.variants import Variant, VariantError, load_variants, pick
+from replaybench.workload import load_registry
+
+from .prefect_server import background, prefect_server
+
+DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
+MODES = ["eager", "graph"]
+
+
+def stored_pairs(name: str, run_id: int, tmp_path) -> list[tuple[str, list[Units], list[Units], dict, dict]]:
+    """(workload, A's units, B's units, A's rows, B's rows) per config of a stored H200 A/B run."""
+    copy = tmp_path / f"{run_id}-{name}"
+    copy.write_bytes((DATA / name).read_bytes())  # opening a store may upgrade it: never the kept file
+    run = Store(f"sqlite:///{copy}").run(run_id)
+    rows: dict[tuple, dict] = {}
+    for r in run.results:
+        if r.status == "ok":
+            rows.setdefault((r.workload, r.params_key, r.variant), {})[r.mode] = r
+    return [(w, stored_units(a), stored_units(rows[(w, k, "B")]), a, rows[(w, k, "B")])
+            for (w, k, v), a in rows.items() if v == "A"]
+
+
+@pytest.fixture(scope="module")
+def identical(tmp_path_factory):
+    """A against an identical B on the H200: 19 default configs, and 10 more from another VM."""
+    tmp = tmp_path_factory.mktemp("ab")
+    return stored_pairs("h200-ab-2.db", 1, tmp) + stored_pairs("h200-ab-1.db", 3, tmp)
+
+
+def gpu_finishes(a_rows: dict, b_rows: dict) -> tuple[list[dict], list[dict]]:
+    out = []
+    for rows in (a_rows, b_rows):
+        g = rows["graph"]
+        sizes = g.samples["per_process"]["gpu"]
+        bounds = np.cumsum([0, *sizes])
+        out.append([{"gpu": {"graph": (g.samples["gpu"][x:y], [])}} for x, y in zip(bounds, bounds[1:])])
+    return out[0], out[1]
+
+
+def scaled(units: list[Units], mode: str, factor: float) -> list[Units]:
+    """The same units with one mode's blocks ``factor`` times longer: a planted change."""
+    return [Units(u.ref_before, u.ref_after, {m: [b * (factor if m == mode else 1) for b in blocks]
+                                               for m, blocks in u.blocks.items()}) for u in units]
+
+
+def test_identical_variants_on_h200_read_no_change_and_eager_is_tight(identical):
+    assert len(identical) == 29
+    widths = []
+    for _, a, b, ra, rb in identical:
+        for (mode, metric), e in ratios(a, b, MODES, gpu_finishes(ra, rb)).items():
+            assert e.ci_low <= 1 <= e.ci_high, (mode, metric, e)
+            if (mode, metric) == ("eager", "time per call"):
+                widths.append(e.rel_halfwidth)
+    assert len(widths) == 29
+    assert np.median(widths) <= 0.05
+
+
+def test_pairing_units_narrows_eager_against_comparing_process_medians(identical):
+    """Unit j of A and of B in a pair share a core and a moment: their ratio cancels the host's
+    drift, which each process's own median does not."""
+    paired, unpaired = [], []
+    for _, a, b, _, _ in identical:
+        paired.append(ratios(a, b, MODES)[("eager", "time per call")].rel_halfwidth)
+        medians = [[float(np.median(u.blocks["eager"])) for u in side] for side in (a, b)]
+        unpaired.append(ratio(*medians).rel_halfwidth)
+    assert np.median(paired) < 0.75 * np.median(unpaired)
+
+
+@pytest.mark.parametrize("mode, factor, at_least", [("eager", 1.10, 29), ("eager", 1.05, 20), ("graph", 1.03, 22)])
+def test_a_change_planted_in_real_h200_noise_is_found_in_that_metric_only(identical, mode, factor, at_least):
+    other = "graph" if mode == "eager" else "eager"
+    found = wrongly = 0
+    for _, a, b, _, _ in identical:
+        estimates = ratios(a, scaled(b, mode, factor), MODES)
+        found += judge("time per call", estimates[(mode, "time per call")], 0.05)[0] == "slower"
+        wrongly += judge("time per call", estimates[(other, "time per call")], 0.05)[0] in ("slower", "faster")
+    assert found >= at_least
+    assert wrongly == 0
+
+
+def test_h200_probes_move_the_right_metric(tmp_path):
+    """benchmarks/ab_probe on the H200: one more kernel per call, then about 10% more host work."""
+    (kernel,) = stored_pairs("h200-ab-1.db", 1, tmp_path)
+    _, a, b, ra, rb = kernel
+    verdicts = {k: judge(k[1], e, 0.05)[0] for k, e in ratios(a, b, MODES, gpu_finishes(ra, rb)).items()}
+    assert verdicts[("graph", "time per call")] == verdicts[("graph", "GPU time")] == "slower"
+    (host,) = stored_pairs("h200-ab-1.db", 2, tmp_path)
+    _, a, b, ra, rb = host
+    estimates = ratios(a, b, MODES, gpu_finishes(ra, rb))
+    assert judge("time per call", estimates[("eager", "time per call")], 0.05)[0] == "slower"
+    assert 1.03 < estimates[("eager", "time per call")].value < 1.20
+    for key in (("graph", "time per call"), ("graph", "GPU time")):
+        assert judge(key[1], estimates[key], 0.05)[0] == "no difference"
+
+
+def test_verdict_words_and_their_directions():
+    from replaybench.stats import Estimate
+
+    assert judge("time per call", Estimate(1.12, 1.08, 1.16), 0.05)[1] == "B slower by 12.0% [+8.0%, +16.0%]"
+    assert judge("GPU time", Estimate(0.9, 0.85, 0.95), 0.05)[0] == "faster"
+    assert judge("speedup", Estimate(0.9, 0.85, 0.95), 0.05) == ("lower", "B's speedup lower by 10.0% [-15.0%, -5.0%]")
+    assert judge("time per call", Estimate(1.01, 0.98, 1.04), 0.05)[0] == "no difference"
+    assert judge("time per call", Estimate(1.01, 0.90, 1.13), 0.05)[0] == "inconclusive"
+    assert judge("time per call", None, 0.05)[0] == "inconclusive"
+    assert interval([0.1]) is None and ratio([1.0, None], [2.0, 3.0]) is None
+    e = ratio([1.0, 1.0, 1.0], [1.1, 1.2, 1.15])
+    assert e.ci_low < e.value < e.ci_high and e.value == pytest.approx((1.1 * 1.2 * 1.15) ** (1 / 3))
+
+
+# -- the variants file ---------------------------------------------------------------------------
+@pytest.mark.parametrize("text, why", [
+    ("[variants.a]\nworkloads = '/no/such/dir'\n", "does not exist"),
+    ("[variants.a]\npython = '{tmp}/not-a-program.txt'\n", "not an executable"),
+    ("[variants.a]\nenv = { PYTHONPATH = '/tmp' }\n", "cannot be set by a variant"),
+    ("[variants.a]\nenv = { 'A B' = '1' }\n", "not a plain name"),
+    ("[variants.a]\ncommand = 'rm -rf /'\n", "Extra inputs are not permitted"),
+    ("[variants.'../x']\n", "should match pattern"),
+    ("[variants.a\n", "not valid TOML"),
+    ("[other]\n", "expected only [variants.NAME] tables"),
+])
+def test_a_bad_variants_file_is_one_clear_line(tmp_path, text, why):
+    file = tmp_path / "variants.toml"
+    (tmp_path / "not-a-program.txt").write_text("hello")
+    file.write_text(text.replace("{tmp}", str(tmp_path)))
+    with pytest.raises(VariantError, match=".*".join(map(__import__("re").escape, [str(file), why]))) as caught:
+        load_variants(file)
+    assert "\n" not in str(caught.value)
+
+
+def test_variants_are_picked_by_name_only(tmp_path):
+    file = tmp_path / "variants.toml"
+    file.write_text(f"[variants.main]\n[variants.venv]\npython = '{sys.executable}'\nenv = {{ X = '1' }}\n")
+    variants = load_variants(file)
+    a, b = pick(variants, "main", "venv")
+    assert a.python is None and b.python == Path(sys.executable).absolute() and b.env == {"X": "1"}
+    with pytest.raises(VariantError, match="unknown variant 'other'; declared variants: main, venv"):
+        pick(variants, "main", "other")
+    with pytest.raises(VariantError, match="no variants file"):
+        load_variants(tmp_path / "missing.toml")
+
+
+def test_a_variants_workloads_shadow_the_shipped_ones(tmp_path):
+    (tmp_path / "seed_mlp.py").write_text(
+        "from replaybench.workload import Workload\n"
+        "WORKLOAD = Workload(name='seed_mlp', description='mine', build=lambda p, d, t: None,\n"
+        "                    grid={'batch_size': [1], 'dtype': ['float32']})\n")
+    registry = load_registry(shadowing=[tmp_path])
+    assert registry.get("seed_mlp").description == "mine" and not registry.broken
+    assert load_registry().get("seed_mlp").description != "mine"
+
+
+# -- end to end ------------------------------------------------------------------------------------
+WORKLOAD = """
+import time
+import torch
+from replaybench.workload import Built, Workload
+
+SPIN_S = {spin}  # host work per call, before the layers
+SCALE = {scale}  # 1: the same output in both variants
+
+
+def build(params, device, dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32)).to(device, dtype).eval()
+    x = torch.randn(params["batch_size"], 32, device=device, dtype=dtype)
+
+    def fn(x):
+        end = time.perf_counter() + SPIN_S
+        while time.perf_counter() < end:
+            pass
+        return model(x) * SCALE
+    return Built(fn=fn, inputs=(x,))
+
+
+WORKLOAD = Workload(name="{name}", description="an A/B test workload", build=build,
+                    grid={{"batch_size": [1], "dtype": ["float32"]}})
+"""
+
+
+def workloads_dir(path: Path, slowed_spin: float, changed_scale: float) -> Path:
+    path.mkdir()
+    (path / "ab_slowed.py").write_text(WORKLOAD.format(name="ab_slowed", spin=slowed_spin, scale=1))
+    (path / "ab_changed.py").write_text(WORKLOAD.format(name="ab_changed", spin=0, scale=changed_scale))
+    return path
+
+
+def virtualenv(path: Path) -> Path:
+    """A virtual environment with an interpreter of its own that sees this one's packages (torch
+    included) through a .pth file: another interpreter holding the same torch."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    python = path / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    shared = [p for p in [*site.getsitepackages(), site.getusersitepackages()] if os.path.isdir(p)]
+    Path(purelib, "parent.pth").write_text("\n".join(shared) + "\n")
+    return python
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    root = tmp_path_factory.mktemp("variants")
+    dir_a = workloads_dir(root / "a", slowed_spin=0, changed_scale=1)
+    dir_b = workloads_dir(root / "b", slowed_spin=300e-6, changed_scale=2)
+    python_a, python_b = virtualenv(root / "venv-a"), virtualenv(root / "venv-b")
+    file = root / "variants.toml"
+    file.write_text(f"""
+[variants.base]
+workloads = "{dir_a}"
+python = "{python_a}"
+[variants.candidate]
+workloads = "{dir_b}"
+python = "{python_b}"
+env = {{ REPLAYBENCH_AB_TEST = "candidate" }}
+[variants.plain-a]
+workloads = "{dir_a}"
+[variants.plain-b]
+workloads = "{dir_b}"
+""")
+    return file, python_a, python_b
+
+
+def cli(*args, cwd, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "replaybench.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **(env or {})}, timeout=900)
+
+
+@pytest.mark.slow
+def test_ab_between_two_interpreters_and_two_workload_directories_through_the_cli(variants, tmp_path):
+    file, python_a, python_b = variants
+    done = cli("ab", "base", "candidate", "--variants", str(file), "-w", "ab_slowed", "-w", "ab_changed",
+               "--processes", "3", "--time-budget", "1", "--format", "json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(done.stdout)
+    slowed = {r["metric"]: r for r in rows if r["workload"] == "ab_slowed"}
+    assert set(slowed) == {"time per call"}  # eager only on the CPU
+    assert slowed["time per call"]["verdict"] == "slower" and slowed["time per call"]["ci_low"] > 1.5
+    assert slowed["time per call"]["b"] > slowed["time per call"]["a"]
+    changed = [r for r in rows if r["workload"] == "ab_changed"]
+    assert changed and all(r["verdict"] == "not compared" and "B computes something else" in r["text"] for r in changed)
+
+    store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
+    run = store.run()
+    assert run.trigger == "ab" and run.status == "completed"
+    recorded = run.environment["variants"]
+    # Each variant's measuring processes ran its own interpreter, with its own environment.
+    assert recorded["A"]["executable"].startswith(str(python_a.parent.parent))
+    assert recorded["B"]["executable"].startswith(str(python_b.parent.parent))
+    assert recorded["B"]["env"] == "REPLAYBENCH_AB_TEST=candidate" and recorded["A"]["torch"] == recorded["B"]["torch"]
+    assert {r.variant for r in run.results} == {"A", "B"}
+    report = (tmp_path / "reports" / f"{run.id}.md").read_text()
+    assert "# replaybench A/B run" in report and "B slower by" in report and "B computes something else" in report
+    assert str(python_b.parent.parent) in report
+
+    again = cli("compare", str(run.id), "--format", "json", cwd=tmp_path)
+    assert again.returncode == 0 and json.loads(again.stdout) == rows
+    refused = cli("compare", str(run.id), str(run.id), cwd=tmp_path)
+    assert refused.returncode == 2 and "A/B run" in refused.stderr
+
+
+def test_ab_refuses_bad_input_before_measuring(variants, tmp_path):
+    file, _, _ = variants
+    unknown = cli("ab", "base", "nope", "--variants", str(file), cwd=tmp_path)
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip().splitlines() == [
+        "replaybench: error: unknown variant 'nope'; declared variants: base, candidate, plain-a, plain-b"]
+    one = cli("ab", "base", "candidate", "--variants", str(file), "--processes", "1", cwd=tmp_path)
+    assert one.returncode == 2 and "processes" in one.stderr and len(one.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "replaybench.db").exists() or Store(f"sqlite:///{tmp_path / 'replaybench.db'}").runs() == []
+
+
+@pytest.mark.slow
+def test_the_ab_deployment_runs_declared_variants_and_refuses_others(variants, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    file, _, _ = variants
+    home = tmp_path / "prefect"
+    home.mkdir()
+    with prefect_server(home) as api:
+        env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+               "REPLAYBENCH_DB_URL": f"sqlite:///{tmp_path / 'replaybench.db'}",
+               "REPLAYBENCH_REPORTS_DIR": str(tmp_path / "reports"), "REPLAYBENCH_VARIANTS": str(file)}
+        args = [sys.executable, "-m", "replaybench.cli", "serve", "--gpu", "0"]
+        with background(args, env, tmp_path / "serve.log") as proc, temporary_settings({PREFECT_API_URL: api}):
+            with get_client(sync_client=True) as client:
+                deadline = time.monotonic() + 180
+                while True:
+                    try:
+                        deployment = client.read_deployment_by_name("replaybench-ab/ab")
+                        break
+                    except Exception:
+                        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
+                        time.sleep(1)
+                form = deployment.parameter_openapi_schema
+                assert "plain-b" in json.dumps(form) and "ab_slowed" in json.dumps(form)
+                for bad in ({"a": "plain-a", "b": "not-declared"}, {"a": "plain-a", "b": "../../bin/sh"},
+                            {"a": "plain-a", "b": "plain-b", "python": "/usr/bin/python3"}):
+                    with pytest.raises(Exception, match="(?i)validation|invalid|422|409"):
+                        client.create_flow_run_from_deployment(deployment.id, parameters={"parameters": bad})
+            flow_run = run_deployment(
+                "replaybench-ab/ab", timeout=600, poll_interval=1,
+                parameters={"parameters": {"a": "plain-a", "b": "plain-b", "workloads": ["ab_slowed"], "processes": 2,
+                                           "time_budget_s": 1}},
+            )
+            assert flow_run.state.is_completed(), (tmp_path / "serve.log").read_text()[-3000:]
+            with get_client(sync_client=True) as client:
+                artifacts = [a for a in client.read_artifacts() if a.flow_run_id == flow_run.id]
+    run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
+    assert run.trigger == "ab" and run.flow_run_id == str(flow_run.id)
+    assert run.environment["variants"]["B"]["workloads"].endswith("/b")
+    report = (tmp_path / "reports" / f"{run.id}.md").read_text()
+    assert any(a.data == report for a in artifacts)
+    assert "ab_slowed" in report and "B against A" in report
