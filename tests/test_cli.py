@@ -184,7 +184,8 @@ def test_two_measured_runs_mark_exactly_the_slowed_workload_slower(tmp_path):
     # The slowdown is real in eager over the host reference, which a change of the whole host's
     # speed between the two runs (common on a 2-core machine) does not move.
     normalised = {(run.id, r.workload): r.host_normalised for run in (first, second) for r in run.results if r.mode == "eager"}
-    assert normalised[(2, "slowed")] > 1.5 * normalised[(1, "slowed")]
+    # Twice the layers, not twice the call: the timing loop's own cost per call is not doubled.
+    assert normalised[(2, "slowed")] > 1.3 * normalised[(1, "slowed")]
 
     out = replaybench("compare", "1", "2", "--format", "json", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
