@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from flows.benchmark import gpu_label, gpu_lock, progress
+from flows.benchmark import end_run, gpu_label, gpu_lock, progress
 from replaybench.ab import ABPool, ABResult
 from replaybench.health import host_facts
 from replaybench.params import ABParameters
@@ -87,7 +87,7 @@ def ab(parameters: ABFlowParameters) -> int:
                 result = measure_pair(config, settings, pool, store, run_id, parameters.min_effect)
                 progress(done, len(configs), f"{config.label}: " + "; ".join(c.text for c in result.comparisons[:1]))
     except BaseException as exc:
-        store.finish_run(run_id, error=f"{type(exc).__name__}: {exc}")
+        end_run(store, run_id, exc)
         raise
     status = store.finish_run(run_id)
     path, markdown = write_report(store, run_id, directory)

@@ -12,6 +12,7 @@ takes part; the parent waits for them and renders one report covering every shar
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from contextlib import nullcontext
@@ -21,6 +22,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
+from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
 from pydantic import Field
 
@@ -53,6 +55,25 @@ class FlowParameters(RunParameters):
 
 # Set by the CLI to draw a progress bar: called with (configs done, configs in all, one-line result).
 progress_hook: Callable[[int, int, str], None] | None = None
+# Set by the CLI: called once a run is stored as interrupted, before the interruption goes on.
+interrupt_hook: Callable[[], None] | None = None
+
+
+def interruption(exc: BaseException) -> str | None:
+    """The signal that interrupted a run ('SIGINT', 'SIGTERM'), or None for any other failure."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "SIGINT"
+    if isinstance(exc, TerminationSignal):
+        return signal.Signals(exc.signal).name
+    return None
+
+
+def end_run(store: Store, run_id: int, exc: BaseException) -> None:
+    """A run that did not finish: interrupted (a signal) or failed; what it measured stays."""
+    signal_name = interruption(exc)
+    store.finish_run(run_id, error=f"{type(exc).__name__}: {exc}", interrupted=signal_name)
+    if signal_name and interrupt_hook:
+        interrupt_hook()
 
 
 def progress(done: int, total: int, line: str) -> None:
@@ -122,7 +143,7 @@ def benchmark(
             measure_configs(run_id, configs, parameters, store)
         confirm(run_id, parameters, store)
     except BaseException as exc:
-        store.finish_run(run_id, error=f"{type(exc).__name__}: {exc}")
+        end_run(store, run_id, exc)
         raise
     status = store.finish_run(run_id, error=error)
     if error is None:

@@ -176,7 +176,10 @@ class ABPool:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:  # interrupted, or failing: no use waiting for a graceful end
+            for m in self.members:
+                m.kill()
         self.close()
 
     def close(self) -> None:

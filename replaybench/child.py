@@ -59,6 +59,10 @@ def serve(conn, core: int | None, workload_paths: list[str], shadowing: list[str
 
 
 def main() -> None:
+    # The orchestrating process owns this one: a Ctrl-C to the terminal, or a SIGTERM to the
+    # process group, is for it to act on (it stops and kills its measuring processes).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     settings = json.loads(sys.argv[1])
     conn = Connection(settings["fd"])
     serve(conn, settings["core"], settings["workload_paths"], settings["shadowing"], settings["trace_path"])

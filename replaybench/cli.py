@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from contextlib import contextmanager
 
@@ -185,7 +186,7 @@ def cmd_run(args) -> int:
     console.print(f"measuring {len(configs)} config(s), modes: {', '.join(parameters.modes)}")
     import flows.benchmark as flows_benchmark
 
-    with _progress(len(configs)):
+    with _measuring(args.db, len(configs)):
         run_id = flows_benchmark.benchmark(
             parameters=flows_benchmark.FlowParameters(**parameters.model_dump()), trigger=args.trigger
         )
@@ -216,6 +217,62 @@ def _progress(total: int):
             flows_benchmark.progress_hook = None
 
 
+class Interrupted(Exception):
+    """A run stopped by SIGINT or SIGTERM; the message is the one line the user reads."""
+
+    def __init__(self, line: str, status: int):
+        super().__init__(line)
+        self.status = status
+
+
+@contextmanager
+def _measuring(store_url: str | None, total: int):
+    """Around a run's flow: a progress bar, a temporary Prefect server of our own where none is
+    set, and signals. The first SIGINT or SIGTERM stops the run (the flow stores it as
+    interrupted, keeping what it measured; measuring processes are killed, the server stopped in
+    order), and ends in ``Interrupted``; a second one kills everything and exits at once."""
+    import logging
+    import signal
+
+    import flows.benchmark as flows_benchmark
+    from flows.local_server import kill_server, temporary_server
+    from prefect.exceptions import TerminationSignal
+
+    from .worker import kill_all
+
+    received: list[int] = []
+
+    def on_signal(signum, frame):
+        if received:
+            kill_all()
+            kill_server()
+            os._exit(128 + signum)
+        received.append(signum)
+        logging.disable(logging.CRITICAL)  # what remains to say is one line
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    flows_benchmark.interrupt_hook = lambda: logging.disable(logging.CRITICAL)
+    try:
+        with temporary_server(), _progress(total):
+            yield
+    except (KeyboardInterrupt, TerminationSignal) as exc:
+        signum = received[0] if received else getattr(exc, "signal", signal.SIGINT)
+        store = Store(store_url)
+        mine = [r for r in store.runs(20) if r.pid == os.getpid() and r.host == socket.gethostname()]
+        if mine:
+            run = mine[0]
+            line = f"interrupted: run {run.id} kept {store.configs_kept(run.id)} of {total} configs"
+        else:
+            line = "interrupted before a run was stored"
+        raise Interrupted(line, 128 + signum) from None
+    finally:
+        flows_benchmark.interrupt_hook = None
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        logging.disable(logging.NOTSET)
+
+
 def _prefect_defaults() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
@@ -241,7 +298,7 @@ def cmd_ab(args) -> int:
                   f"{parameters.processes} process pair(s)")
     import flows.ab as flows_ab
 
-    with _progress(len(configs)):
+    with _measuring(args.db, len(configs)):
         run_id = flows_ab.ab(parameters=flows_ab.ABFlowParameters(**parameters.model_dump()))
     store = Store(args.db)
     _print_ab(store, run_id, args.format)
@@ -454,6 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, WorkloadError, StoreError, ReportError, VariantError) as exc:
         print(f"replaybench: error: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(exc, file=sys.stderr)
+        return exc.status
+    except KeyboardInterrupt:  # before anything was started
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -384,13 +384,16 @@ class Store:
         with self.session() as s:
             return list(s.scalars(select(Comparison).where(Comparison.run_id == run_id).order_by(Comparison.id)))
 
-    def finish_run(self, run_id: int, error: str | None = None) -> str:
-        """Set the run's final status: failed with ``error``, completed with failures, or completed.
-        Its verdicts are judged and stored afterwards (``replaybench.verdicts.store_verdicts``)."""
+    def finish_run(self, run_id: int, error: str | None = None, interrupted: str | None = None) -> str:
+        """Set the run's final status: interrupted (by the signal named), failed with ``error``,
+        completed with failures, or completed; its finished results stay. Its verdicts are judged
+        and stored afterwards (``replaybench.verdicts.store_verdicts``); an interrupted run's never."""
         with self.session.begin() as s:
             run = s.get(Run, run_id)
             statuses = set(s.scalars(select(Result.status).where(Result.run_id == run_id)))
-            if error:
+            if interrupted:
+                run.status, run.error = "interrupted", f"interrupted by {interrupted}"
+            elif error:
                 run.status, run.error = "failed", error
             elif statuses & {"failed", "crashed"}:
                 run.status = "completed_with_failures"
@@ -398,6 +401,11 @@ class Store:
                 run.status = "completed"
             run.ended_at = utcnow()
             return run.status
+
+    def configs_kept(self, run_id: int) -> int:
+        """Configs with a stored result in a run (each counted once)."""
+        with self.session() as s:
+            return len(set(s.execute(select(Result.workload, Result.params_key).where(Result.run_id == run_id)).all()))
 
     def running_runs(self) -> list[Run]:
         with self.session() as s:

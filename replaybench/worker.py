@@ -47,6 +47,14 @@ def _signal_name(exitcode: int | None) -> str:
 
 
 _PACKAGE_LINKS: str | None = None
+LIVE: set[subprocess.Popen] = set()  # every measuring process started here and not yet reaped
+
+
+def kill_all() -> None:
+    """Kill every measuring process of this process at once (a second Ctrl-C)."""
+    for process in list(LIVE):
+        if process.poll() is None:
+            process.kill()
 
 
 def package_links() -> str:
@@ -123,6 +131,7 @@ class MeasuringProcess:
                                             pass_fds=(child.fileno(),), env=env)
         finally:
             child.close()
+        LIVE.add(self.process)
         self.starts += 1
 
     def wait_ready(self) -> dict[str, Any]:
@@ -166,6 +175,7 @@ class MeasuringProcess:
         if self.alive:
             self.process.kill()
             _join(self.process, 10)
+        LIVE.discard(self.process)
         if self.conn is not None:
             self.conn.close()
         if getattr(self, "trace_path", None):
@@ -338,11 +348,14 @@ class MeasuringPool:
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
     def close(self) -> None:
         close_all(self.members)
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:  # interrupted, or failing: no use waiting for a graceful end
+            for m in self.members:
+                m.kill()
+        self.close()
 
     @property
     def environment(self) -> dict[str, Any]:

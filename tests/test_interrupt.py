@@ -1,0 +1,161 @@
+"""Stopping a run: real signals to the real CLI (`replaybench run`), with the temporary server it
+starts and with an external one. It must exit within seconds with one line, keep what it measured,
+store the run as interrupted, and leave no process behind."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from replaybench.storage import Store
+
+from .prefect_server import prefect_server
+
+pytestmark = pytest.mark.slow
+
+WORKLOAD = '''
+import torch
+from replaybench.workload import Built, Workload
+
+
+def build(params, device, dtype):
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).to(device, dtype).eval()
+    return Built(fn=model, inputs=(torch.randn(params["batch_size"], 64, device=device, dtype=dtype),))
+
+
+WORKLOAD = Workload(name="steady", description="a small MLP", build=build,
+                    grid={"batch_size": [1, 2, 3, 4, 5, 6], "dtype": ["float32"]})
+'''
+CONFIGS = 6
+
+
+def children(pid: int) -> set[int]:
+    """Every live descendant of ``pid``, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def stored_results(db: Path) -> int:
+    try:
+        with sqlite3.connect(db, timeout=1) as con:
+            return con.execute("select count(*) from results").fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+def start_run(tmp_path: Path, extra_env: dict | None = None) -> subprocess.Popen:
+    (tmp_path / "user").mkdir(exist_ok=True)
+    (tmp_path / "user" / "steady.py").write_text(WORKLOAD)
+    env = {**os.environ, "REPLAYBENCH_WORKLOADS_PATH": str(tmp_path / "user"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           **(extra_env or {})}
+    if not extra_env or "PREFECT_API_URL" not in extra_env:
+        env.pop("PREFECT_API_URL", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "replaybench.cli", "run", "-w", "steady", "--processes", "2", "--time-budget", "2"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+
+
+def interrupt_after_first_result(tmp_path: Path, proc: subprocess.Popen, signals: list[tuple[int, bool]]):
+    """Wait until a config is stored, then send ``signals`` ((signal, to the process group?), 0.3 s
+    apart); returns (seconds from the first signal to exit, stderr, the processes it had started)."""
+    deadline = time.monotonic() + 240
+    while stored_results(tmp_path / "replaybench.db") == 0:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no config stored within 240 s"
+        time.sleep(0.2)
+    started = children(proc.pid)
+    assert started, "the run has no measuring processes or server"
+    sent = time.monotonic()
+    for i, (sig, group) in enumerate(signals):
+        if i:
+            time.sleep(0.3)
+        os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the run did not exit within 60 s of the signal")
+    return time.monotonic() - sent, err, started
+
+
+def after_the_signal(err: str) -> list[str]:
+    """Lines printed after the progress bar's last line (what a user sees once they interrupt)."""
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    last_bar = max((i for i, ln in enumerate(lines) if "━" in ln or "measuring" in ln), default=-1)
+    return lines[last_bar + 1:]
+
+
+def check_interrupted_run(tmp_path: Path, err: str, exited_s: float, started: set[int]) -> None:
+    assert exited_s < 10, err[-3000:]
+    run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
+    assert run.status == "interrupted" and run.error.startswith("interrupted by SIG")
+    kept = len({r.params_key for r in run.results})
+    assert 1 <= kept < CONFIGS
+    assert after_the_signal(err) == [f"interrupted: run {run.id} kept {kept} of {CONFIGS} configs"], err[-3000:]
+    time.sleep(1)
+    assert not [p for p in started if alive(p)], "processes left behind"
+
+
+def test_ctrl_c_to_the_terminal_stops_the_run_within_seconds_and_keeps_its_results(tmp_path):
+    proc = start_run(tmp_path)
+    exited_s, err, started = interrupt_after_first_result(tmp_path, proc, [(signal.SIGINT, True)])
+    assert proc.returncode == 130
+    check_interrupted_run(tmp_path, err, exited_s, started)
+    listed = subprocess.run([sys.executable, "-m", "replaybench.cli", "runs"], cwd=tmp_path, capture_output=True, text=True)
+    assert "interrupted" in listed.stdout
+
+
+def test_sigterm_to_the_main_process_stops_the_run_as_a_scheduler_would(tmp_path):
+    proc = start_run(tmp_path)
+    exited_s, err, started = interrupt_after_first_result(tmp_path, proc, [(signal.SIGTERM, False)])
+    assert proc.returncode == 143
+    check_interrupted_run(tmp_path, err, exited_s, started)
+
+
+def test_a_second_ctrl_c_exits_at_once(tmp_path):
+    proc = start_run(tmp_path)
+    exited_s, err, started = interrupt_after_first_result(tmp_path, proc, [(signal.SIGINT, True), (signal.SIGINT, True)])
+    assert proc.returncode == 130 and exited_s < 3, err[-3000:]
+    time.sleep(1)
+    assert not [p for p in started if alive(p)], "processes left behind"
+
+
+def test_ctrl_c_with_an_external_server_marks_its_flow_run_crashed(tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    home = tmp_path / "prefect"
+    home.mkdir()
+    with prefect_server(home) as api:
+        proc = start_run(tmp_path, {"PREFECT_API_URL": api, "PREFECT_HOME": str(home)})
+        exited_s, err, started = interrupt_after_first_result(tmp_path, proc, [(signal.SIGINT, True)])
+        assert proc.returncode == 130
+        check_interrupted_run(tmp_path, err, exited_s, started)
+        run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            state = client.read_flow_run(run.flow_run_id).state
+        assert state.is_final() and not state.is_completed(), state
