@@ -55,14 +55,14 @@ class FlowParameters(RunParameters):
 
 # Set by the CLI to draw a progress bar: called with (configs done, configs in all, one-line result).
 progress_hook: Callable[[int, int, str], None] | None = None
-# Set by the CLI: called once a run is stored as interrupted, before the interruption goes on.
-interrupt_hook: Callable[[], None] | None = None
+# Set by the CLI: called with the signal's name once a run is stored as interrupted.
+interrupt_hook: Callable[[str], None] | None = None
 
 
 def interruption(exc: BaseException) -> str | None:
     """The signal that interrupted a run ('SIGINT', 'SIGTERM'), or None for any other failure."""
     if isinstance(exc, KeyboardInterrupt):
-        return "SIGINT"
+        return signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
     if isinstance(exc, TerminationSignal):
         return signal.Signals(exc.signal).name
     return None
@@ -73,7 +73,7 @@ def end_run(store: Store, run_id: int, exc: BaseException) -> None:
     signal_name = interruption(exc)
     store.finish_run(run_id, error=f"{type(exc).__name__}: {exc}", interrupted=signal_name)
     if signal_name and interrupt_hook:
-        interrupt_hook()
+        interrupt_hook(signal_name)
 
 
 def progress(done: int, total: int, line: str) -> None:

@@ -9,8 +9,8 @@ seconds, hits both alike and cancels in their ratio.
 B against A, per config and metric: each pair's ratio of B's figure to A's (``ratios`` says how it
 pairs them), and their geometric mean with a Student-t 95% interval over the pairs. A metric reads
 "slower"/"faster" (a time) or "lower"/"higher" (a speedup) where the interval excludes no change,
-"no difference" where it holds no change and its half-width is below ``min_effect``, and
-"inconclusive" otherwise (it holds no change, but also changes the size of ``min_effect``). Before any timing, B's eager outputs are checked
+"no difference" where it holds no change and lies within +/- ``min_effect`` (it rules out any change
+that large), and "inconclusive" otherwise (it holds no change, but also changes that large). Before any timing, B's eager outputs are checked
 against A's on the same inputs: a config whose variants compute different things is not compared.
 
 Torch-free: runs in the orchestrating process.
@@ -88,9 +88,9 @@ def judge(metric: str, estimate: Estimate | None, min_effect: float) -> tuple[st
     if lo > 0 or hi < 0:
         word = ((better if change > 0 else worse) if metric == "speedup" else (worse if change > 0 else better))
         return word, f"{what} {word} by {abs(change):.1%} {interval}"
-    if estimate.rel_halfwidth < min_effect:
-        return "no difference", f"no difference: {change:+.1%} {interval}, narrower than +/-{min_effect:.0%}"
-    return "inconclusive", f"inconclusive: {change:+.1%} {interval}, as wide as +/-{min_effect:.0%} or wider"
+    if -min_effect < lo and hi < min_effect:
+        return "no difference", f"no difference: {change:+.1%} {interval}, within +/-{min_effect:.0%}"
+    return "inconclusive", f"inconclusive: {change:+.1%} {interval} reaches +/-{min_effect:.0%}"
 
 
 def _gpu_medians(finishes: list[dict], mode: str) -> list[float | None]:
@@ -172,7 +172,8 @@ class ABPool:
             for m in self.members:
                 m.wait_ready()
         except BaseException:
-            self.close()
+            for m in self.members:  # still starting, deaf to signals: no use waiting for them
+                m.kill()
             raise
         return self
 
@@ -196,7 +197,9 @@ class ABPool:
         for attempt in (1, 2):
             deadline = time.monotonic() + self.timeout_s
             try:
-                return self._measure_once(config, settings, min_effect, deadline)
+                result = self._measure_once(config, settings, min_effect, deadline)
+                result.a.attempts = result.b.attempts = attempt
+                return result
             except Stuck as exc:
                 _release(self.members)
                 reason = f"timed out: no result within {self.timeout_s:g} s; the measuring process was killed{exc}"
@@ -209,17 +212,20 @@ class ABPool:
 
     def _measure_once(self, config, settings, min_effect, deadline) -> ABResult:
         started = time.monotonic()
-        prepared_a, reports_a = prepare_in(self.a, config, settings, deadline, options={"send": True})
+        # A mode failing in one variant (B cannot be captured, say) leaves the others to compare:
+        # both variants are prepared in every process unless nothing can be timed there.
+        prepared_a, reports_a = prepare_in(self.a, config, settings, deadline, options={"send": True}, whole=True)
         expected = reports_a[0].get("output")
         prepared_b, reports_b = prepare_in(self.b, config, settings, deadline,
-                                           options={"expected": expected} if expected is not None else None)
+                                           options={"expected": expected} if expected is not None else None, whole=True)
         differs = reports_b[0].get("output_differs") if expected is not None else None
         timed = [m for m in settings.modes if all(m in r["timed"] for r in [*reports_a, *reports_b])]
         pairs = list(zip(prepared_a, prepared_b))  # as many as the side that stopped first (a failure)
         if len(pairs) < 2:
             timed = []
         for unpaired in [*prepared_a[len(pairs):], *prepared_b[len(pairs):]]:
-            unpaired.request(("release",), deadline)
+            if unpaired.alive:
+                unpaired.request(("release",), deadline)
         # Members 2i and 2i+1 are pair i's A and B; in round r a pair times A then B where r + i is
         # even, B then A where it is odd: each variant goes first as often as second, in every pair.
         order = [m for pair in pairs for m in pair]
@@ -255,10 +261,10 @@ class ABPool:
             for r in result.modes:
                 if r.status == "ok" and r.throughput is None:
                     r.status, r.reason = "skipped", "not timed: an A/B run times only what both variants could"
+        untimed = [m for m in settings.modes if m not in timed]
         if differs:
             found = not_compared(timed, f"B computes something else ({differs})")
-        elif timed:
-            found = comparisons(ratios(units_a, units_b, timed, (fin_a, fin_b)), min_effect, len(pairs))
         else:
-            found = not_compared(settings.modes, "a mode could not be measured in both variants (see their rows)")
+            found = comparisons(ratios(units_a, units_b, timed, (fin_a, fin_b)), min_effect, len(pairs)) if timed else []
+        found += not_compared(untimed, "not measured in both variants (see their rows)")
         return ABResult(config=config, a=result_a, b=result_b, comparisons=found, output_differs=differs)

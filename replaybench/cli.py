@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 from contextlib import contextmanager
+from datetime import datetime, timezone
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -228,7 +229,7 @@ class Interrupted(Exception):
 @contextmanager
 def _measuring(store_url: str | None, total: int):
     """Around a run's flow: a progress bar, a temporary Prefect server of our own where none is
-    set, and signals. The first SIGINT or SIGTERM stops the run (the flow stores it as
+    set, and signals. The first SIGINT, SIGTERM or SIGHUP stops the run (the flow stores it as
     interrupted, keeping what it measured; measuring processes are killed, the server stopped in
     order), and ends in ``Interrupted``; a second one kills everything and exits at once."""
     import logging
@@ -240,7 +241,9 @@ def _measuring(store_url: str | None, total: int):
 
     from .worker import kill_all
 
-    received: list[int] = []
+    received: list[int] = []  # signals that reached the handler below
+    stopped_by: list[int] = []  # the signal a run was stored as interrupted by (Prefect may take SIGTERM first)
+    since = datetime.now(timezone.utc)
 
     def on_signal(signum, frame):
         if received:
@@ -249,17 +252,24 @@ def _measuring(store_url: str | None, total: int):
             os._exit(128 + signum)
         received.append(signum)
         logging.disable(logging.CRITICAL)  # what remains to say is one line
-        raise KeyboardInterrupt
+        stop = KeyboardInterrupt()
+        stop.signum = signum  # which signal, for the stored run (flows.benchmark.interruption)
+        raise stop
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    flows_benchmark.interrupt_hook = lambda: logging.disable(logging.CRITICAL)
+    def on_interrupted(signal_name: str) -> None:
+        stopped_by.append(signal.Signals[signal_name])
+        logging.disable(logging.CRITICAL)
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    flows_benchmark.interrupt_hook = on_interrupted
     try:
         with temporary_server(), _progress(total):
             yield
     except (KeyboardInterrupt, TerminationSignal) as exc:
-        signum = received[0] if received else getattr(exc, "signal", signal.SIGINT)
+        signum = (received or stopped_by or [getattr(exc, "signal", signal.SIGINT)])[0]
         store = Store(store_url)
-        mine = [r for r in store.runs(20) if r.pid == os.getpid() and r.host == socket.gethostname()]
+        mine = [r for r in store.runs(20) if r.pid == os.getpid() and r.host == socket.gethostname()
+                and r.started_at.replace(tzinfo=r.started_at.tzinfo or timezone.utc) >= since]
         if mine:
             run = mine[0]
             line = f"interrupted: run {run.id} kept {store.configs_kept(run.id)} of {total} configs"

@@ -263,16 +263,17 @@ def _measure_once(members, config, settings, deadline) -> ConfigResult:
                     measuring_s=time.monotonic() - started)
 
 
-def prepare_in(members, config, settings, deadline, options: dict | None = None) -> tuple[list, list[dict]]:
-    """Prepare the config in each process until one fails a mode; returns the processes prepared
-    and their reports. ``options`` are handed to the first process's session (``engine.Session``)."""
+def prepare_in(members, config, settings, deadline, options: dict | None = None, whole: bool = False) -> tuple[list, list[dict]]:
+    """Prepare the config in each process until one fails a mode (a failure is deterministic: not
+    repeated), or with ``whole`` until one can time nothing; returns the processes prepared and
+    their reports. ``options`` are handed to the first process's session (``engine.Session``)."""
     prepared, reports = [], []
     for i, member in enumerate(members):
         message = ("prepare", config, settings, options) if options and i == 0 else ("prepare", config, settings)
         report = member.request(message, deadline)
         prepared.append(member)
         reports.append(report)
-        if report["failed"] or report["process_unusable"] or not report["timed"]:
+        if (report["failed"] and not whole) or report["process_unusable"] or not report["timed"]:
             break
     return prepared, reports
 
@@ -344,7 +345,8 @@ class MeasuringPool:
             for m in self.members:
                 m.wait_ready()
         except BaseException:
-            self.close()
+            for m in self.members:  # still starting, deaf to signals: no use waiting for them
+                m.kill()
             raise
         return self
 

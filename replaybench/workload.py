@@ -215,6 +215,8 @@ def load_registry(extra_paths: Sequence[str | os.PathLike] = (), shadowing: Sequ
     shadowed: set[str] = set()
     sources = [(True, c) for d in shadowing for c in _directory_candidates(d)] + [(False, c) for c in _candidates(extra_paths)]
     for shadows, (label, load) in sources:
+        if not shadows and label in broken and label in shadowed:
+            continue  # the variant's own module of that name failed: never fall back to another
         try:
             loaded = load()
             source = getattr(loaded, "__name__", label)
@@ -222,6 +224,8 @@ def load_registry(extra_paths: Sequence[str | os.PathLike] = (), shadowing: Sequ
             workload.validate()
         except Exception as exc:  # a broken user module must not stop the others
             broken[label] = f"{type(exc).__name__}: {exc}"
+            if shadows:
+                shadowed.add(label)
             continue
         if workload.name in shadowed:
             continue

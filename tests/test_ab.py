@@ -120,6 +120,8 @@ def test_verdict_words_and_their_directions():
     assert judge("speedup", Estimate(0.9, 0.85, 0.95), 0.05) == ("lower", "B's speedup lower by 10.0% [-15.0%, -5.0%]")
     assert judge("time per call", Estimate(1.01, 0.98, 1.04), 0.05)[0] == "no difference"
     assert judge("time per call", Estimate(1.01, 0.90, 1.13), 0.05)[0] == "inconclusive"
+    # Narrow, but reaching a 9.4% slowdown: that is not "no difference".
+    assert judge("time per call", Estimate(1.045, 0.999, 1.094), 0.05)[0] == "inconclusive"
     assert judge("time per call", None, 0.05)[0] == "inconclusive"
     assert interval([0.1]) is None and ratio([1.0, None], [2.0, 3.0]) is None
     e = ratio([1.0, 1.0, 1.0], [1.1, 1.2, 1.15])
@@ -156,6 +158,14 @@ def test_variants_are_picked_by_name_only(tmp_path):
         pick(variants, "main", "other")
     with pytest.raises(VariantError, match="no variants file"):
         load_variants(tmp_path / "missing.toml")
+
+
+def test_a_variants_broken_workload_never_falls_back_to_the_shipped_one(tmp_path):
+    (tmp_path / "seed_mlp.py").write_text("raise ImportError('half-edited')\n")
+    registry = load_registry(shadowing=[tmp_path])
+    assert "seed_mlp" not in registry.workloads and "half-edited" in registry.broken["seed_mlp"]
+    with pytest.raises(Exception, match="seed_mlp failed to load: ImportError: half-edited"):
+        registry.get("seed_mlp")
 
 
 def test_a_variants_workloads_shadow_the_shipped_ones(tmp_path):
@@ -285,6 +295,44 @@ def test_ab_refuses_bad_input_before_measuring(variants, tmp_path):
     one = cli("ab", "base", "candidate", "--variants", str(file), "--processes", "1", cwd=tmp_path)
     assert one.returncode == 2 and "processes" in one.stderr and len(one.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "replaybench.db").exists() or Store(f"sqlite:///{tmp_path / 'replaybench.db'}").runs() == []
+
+
+NOT_COMPILABLE = """
+import torch
+from replaybench.workload import Built, Workload
+
+
+def build(params, device, dtype):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 32).to(device, dtype).eval()
+
+    def fn(x):
+        if {refuse} and torch.compiler.is_compiling():
+            return model(x) * 2  # compiled, it computes something else: its check fails
+        return model(x)
+    return Built(fn=fn, inputs=(torch.randn(1, 32, device=device, dtype=dtype),))
+
+
+WORKLOAD = Workload(name="ab_compiled", description="", build=build, grid={{"batch_size": [1], "dtype": ["float32"]}})
+"""
+
+
+@pytest.mark.slow
+def test_a_mode_failing_in_b_leaves_the_other_modes_compared(tmp_path):
+    for name, refuse in (("a", False), ("b", True)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ab_compiled.py").write_text(NOT_COMPILABLE.format(refuse=refuse))
+    (tmp_path / "variants.toml").write_text(f"[variants.a]\nworkloads = '{tmp_path / 'a'}'\n"
+                                            f"[variants.b]\nworkloads = '{tmp_path / 'b'}'\n")
+    done = cli("ab", "a", "b", "--variants", "variants.toml", "-w", "ab_compiled", "--mode", "compile",
+               "--processes", "2", "--time-budget", "0.5", "--format", "json", cwd=tmp_path)
+    assert done.returncode == 1, done.stderr[-3000:]  # B's failed mode: completed with failures
+    rows = {(r["mode"], r["metric"]): r for r in json.loads(done.stdout)}
+    assert rows[("eager", "time per call")]["ratio"] is not None
+    assert rows[("compile", "time per call")]["verdict"] == "not compared"
+    run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
+    failed = [r for r in run.results if r.status == "failed"]
+    assert [(r.variant, r.mode) for r in failed] == [("B", "compile")] and failed[0].phase == "check"
 
 
 @pytest.mark.slow
