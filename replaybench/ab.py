@@ -31,7 +31,7 @@ from .params import MIN_EFFECT
 from .results import ConfigResult, MeasureSettings
 from .stats import CONFIDENCE, Estimate
 from .variants import Variant
-from .worker import (DEFAULT_TIMEOUT_S, Died, MeasuringProcess, Stuck, _release, close_all, crashed, gpu_slot,
+from .worker import (DEFAULT_TIMEOUT_S, Died, MeasuringProcess, ProcessGroup, Stuck, _release, crashed, gpu_slot,
                      measuring_cores, prepare_in, time_rounds)
 from .workload import BenchConfig
 
@@ -147,7 +147,7 @@ def not_compared(timed: list[str], why: str) -> list[Comparison]:
     return [Comparison(mode=m, metric="time per call", verdict="not compared", text=f"not compared: {why}") for m in timed]
 
 
-class ABPool:
+class ABPool(ProcessGroup):
     """``processes`` pairs of measuring processes, A's and B's, pair i on core i; started in
     parallel once per run and timing one at a time."""
 
@@ -156,7 +156,6 @@ class ABPool:
             raise ValueError("an A/B run needs at least two measuring processes per variant")
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]
         chosen = measuring_cores(cores, processes, gpu_slot())
-        self.variants = (a, b)
         self.a = [MeasuringProcess(c, timeout_s, variant=a) for c in chosen]
         self.b = [MeasuringProcess(c, timeout_s, variant=b) for c in chosen]
         self.timeout_s = timeout_s
@@ -164,27 +163,6 @@ class ABPool:
     @property
     def members(self) -> list[MeasuringProcess]:
         return [*self.a, *self.b]
-
-    def __enter__(self) -> "ABPool":
-        for m in self.members:
-            m.launch()
-        try:
-            for m in self.members:
-                m.wait_ready()
-        except BaseException:
-            for m in self.members:  # still starting, deaf to signals: no use waiting for them
-                m.kill()
-            raise
-        return self
-
-    def __exit__(self, exc_type, *exc) -> None:
-        if exc_type is not None:  # interrupted, or failing: no use waiting for a graceful end
-            for m in self.members:
-                m.kill()
-        self.close()
-
-    def close(self) -> None:
-        close_all(self.members)
 
     def environment(self, which: int) -> dict[str, Any]:
         side = (self.a, self.b)[which]

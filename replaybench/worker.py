@@ -314,7 +314,37 @@ def _release(members: list[MeasuringProcess]) -> None:
                 pass
 
 
-class MeasuringPool:
+class ProcessGroup:
+    """Measuring processes started in parallel (each pays torch's import and CUDA's start-up at
+    once) and closed together; ``members`` are set by the subclass."""
+
+    members: list[MeasuringProcess]
+
+    def __enter__(self):
+        for m in self.members:
+            m.launch()
+        try:
+            for m in self.members:
+                m.wait_ready()
+        except BaseException:
+            self.kill()  # still starting, deaf to signals: no use waiting for them
+            raise
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None:  # interrupted, or failing: no use waiting for a graceful end
+            self.kill()
+        self.close()
+
+    def kill(self) -> None:
+        for m in self.members:
+            m.kill()
+
+    def close(self) -> None:
+        close_all(self.members)
+
+
+class MeasuringPool(ProcessGroup):
     """The measuring processes of one GPU: each pinned to its own core, started in parallel once
     per run, timing in turn, never at once.
 
@@ -337,27 +367,6 @@ class MeasuringPool:
         chosen = measuring_cores(cores, processes, gpu_slot())
         self.members = [MeasuringProcess(c, timeout_s, extra_workload_paths) for c in chosen]
         self.timeout_s = timeout_s
-
-    def __enter__(self) -> "MeasuringPool":
-        for m in self.members:
-            m.launch()  # start in parallel: each pays torch import and CUDA start-up at once
-        try:
-            for m in self.members:
-                m.wait_ready()
-        except BaseException:
-            for m in self.members:  # still starting, deaf to signals: no use waiting for them
-                m.kill()
-            raise
-        return self
-
-    def close(self) -> None:
-        close_all(self.members)
-
-    def __exit__(self, exc_type, *exc) -> None:
-        if exc_type is not None:  # interrupted, or failing: no use waiting for a graceful end
-            for m in self.members:
-                m.kill()
-        self.close()
 
     @property
     def environment(self) -> dict[str, Any]:
