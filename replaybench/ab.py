@@ -115,8 +115,8 @@ def ratios(units_a: list[Units], units_b: list[Units], timed: list[str],
     Time per call and speedup pair the units themselves: unit j of A and of B in a pair were timed
     in the same round, on the same core, milliseconds apart, so each pair's figure is the median of
     their unit-by-unit log ratios, every unit counted (the host's state, disturbed or not, is shared
-    by the two). On the H200 this halved the eager interval against comparing each process's own
-    median (benchmarks/ab_check.py). GPU time, timed after the rounds, compares each process's
+    by the two). On H200 units this narrowed the eager interval from +/-6.1% (each process's own
+    median compared) to +/-2.4% (median over 18 configs, benchmarks/ab_noise.py). GPU time, timed after the rounds, compares each process's
     median; it moves with where a process's memory lies, not with the host."""
     out: dict[tuple[str, str], Estimate | None] = {}
 
@@ -145,6 +145,13 @@ def comparisons(estimates: dict[tuple[str, str], Estimate | None], min_effect: f
 
 def not_compared(timed: list[str], why: str) -> list[Comparison]:
     return [Comparison(mode=m, metric="time per call", verdict="not compared", text=f"not compared: {why}") for m in timed]
+
+
+def _skipped_alike(mode: str, results) -> bool:
+    """Skipped in both variants for one reason (no CUDA on this host): never a question to answer,
+    where a mode that a single variant could time, or that failed, is named as not compared."""
+    outcomes = {(r.status, r.reason) for result in results for r in result.modes if r.mode == mode}
+    return len(outcomes) == 1 and next(iter(outcomes))[0] == "skipped"
 
 
 class ABPool(ProcessGroup):
@@ -235,11 +242,12 @@ class ABPool(ProcessGroup):
                             cpu_cores=[m.core for m in prepared_a], measuring_s=measuring_s)
         result_b = assemble(config, settings, reports_b, units_b if timed else [], fin_b if timed else [],
                             cpu_cores=[m.core for m in prepared_b], measuring_s=measuring_s)
+        skipped_alike = [m for m in settings.modes if _skipped_alike(m, (result_a, result_b))]
         for result in (result_a, result_b):
             for r in result.modes:
                 if r.status == "ok" and r.throughput is None:
                     r.status, r.reason = "skipped", "not timed: an A/B run times only what both variants could"
-        untimed = [m for m in settings.modes if m not in timed]
+        untimed = [m for m in settings.modes if m not in timed and m not in skipped_alike]
         if differs:
             found = not_compared(timed, f"B computes something else ({differs})")
         else:
