@@ -15,6 +15,7 @@ import time
 import pytest
 from sqlalchemy import create_engine, func, inspect, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from replaybench.storage import Result, Run, Store, StoreError
 
@@ -58,8 +59,25 @@ def pg_url(server, stores):
     yield make_url(BASE_URL).set(database=name).render_as_string(hide_password=False)
     for store in stores:
         store.engine.dispose()
-    with server.connect() as con:
-        con.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    drop(server, name)
+
+
+def drop(server, name: str, attempts: int = 20) -> None:
+    """Drop a test's database as a role that is no superuser (as in CI): end this role's own
+    connections to it (WITH (FORCE) would also have to end other roles' and is refused), then
+    drop, waiting out a connection that is still closing."""
+    for attempt in range(attempts):
+        with server.connect() as con:
+            con.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                             "WHERE datname = :name AND usename = current_user AND pid <> pg_backend_pid()"),
+                        {"name": name})
+            try:
+                con.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+                return
+            except OperationalError:  # "being accessed by other users": a connection still closing
+                if attempt == attempts - 1:
+                    raise
+        time.sleep(0.25)
 
 
 @pytest.fixture
