@@ -99,8 +99,14 @@ def test_the_slowed_workload_reads_slower_and_nothing_else_does(nights):
 def test_a_prefect_event_names_the_regression(nights):
     api, *_ = nights
     body = {"filter": {"event": {"prefix": ["replaybench."]}}, "limit": 50}
-    events = httpx.post(f"{api}/events/filter", json=body, timeout=30).json()["events"]
-    (event,) = [e for e in events if e["event"] == "replaybench.regression.detected"]
+    deadline = time.monotonic() + 60
+    while True:  # the server stores events in batches, a few seconds after it received them
+        events = httpx.post(f"{api}/events/filter", json=body, timeout=30).json()["events"]
+        found = [e for e in events if e["event"] == "replaybench.regression.detected"]
+        if found or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    (event,) = found
     assert event["resource"]["replaybench.workload"] == "slowed" and event["resource"]["replaybench.mode"] == "eager"
     assert event["resource"]["replaybench.change"].startswith("+") and event["payload"]["verdict"] == "SLOWER"
 
