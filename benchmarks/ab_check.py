@@ -1,22 +1,26 @@
-"""Does an A/B run tell a real difference from none? Three `replaybench ab` runs through the CLI.
+"""Does an A/B run tell a real difference from none? One `replaybench ab` run through the CLI.
 
-    python benchmarks/ab_check.py [--out DIR] [--suite default|noisy|none] [--time-budget S]
+    python benchmarks/ab_check.py [--out DIR] [--suite default|noisy|none] [--limit S]
     python benchmarks/ab_check.py --recompute ab.db     # every A/B run stored there, again
 
-1. **A against an identical B** over the default suite (``--suite``): both variants are this
-   interpreter with the shipped workloads, declared under two names. Prints the share of configs
+Variant A loads ``benchmarks/ab_probe`` beside the shipped workloads; B is the same with AB_PROBE=on,
+which changes only the probe. One run measures, in this order:
+
+1. **The probe's ``change=kernel``**: one more kernel per call in B. Graph time per call and GPU
+   time should read slower.
+2. **The probe's ``change=host``**: about 10% more host work per call in B. Eager should read
+   slower, graph time per call and GPU time not.
+3. **The default suite** (``--suite``), for which A and B are identical. Prints the share of configs
    read "no difference" on every metric, how many intervals hold no change, and the relative
    half-width of the B/A intervals per metric (targets: >= 95% of configs, every interval,
    <= 1% for graph time per call and GPU time, <= 5% for eager time per call).
-2. **One more kernel per call** in B (``benchmarks/ab_probe``, AB_PROBE_EXTRA=kernel): graph time
-   per call and GPU time should read slower.
-3. **About 10% more host work per call** in B (AB_PROBE_EXTRA=host): eager should read slower,
-   graph time per call and GPU time not.
 
 Everything lands in ``--out`` (database, reports, the variants file, every row as JSON in
-``ab_check.json``); ``--limit`` stops the identical run early, keeping the configs it stored.
-``--recompute`` recomputes the comparisons of every A/B run in a store from its stored units, with
-the current ``replaybench.ab.ratios`` (the H200 runs are kept in benchmarks/data). A benchmark, not a test: it prints figures and targets and never asserts.
+``ab_check.json``). ``--limit`` interrupts the run after S seconds (SIGINT, as Ctrl-C would): the
+run is stored ``interrupted`` with the configs it finished. ``--recompute`` recomputes the
+comparisons of every A/B run in a store from its stored units, with the current
+``replaybench.ab.ratios`` (the H200 runs are kept in benchmarks/data). A benchmark, not a test: it
+prints figures and targets and never asserts.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,17 +40,13 @@ PROBE = REPO / "benchmarks" / "ab_probe"
 NOISY = ["seed_mlp", "gpt_multi_step", "resnet_small", "rnn_unrolled", "recommender", "sdpa_attention"]
 
 VARIANTS = f"""
-[variants.main]
-[variants.main-again]
 [variants.probe]
 workloads = "{PROBE}"
-[variants.probe-kernel]
+[variants.probe-on]
 workloads = "{PROBE}"
-env = {{ AB_PROBE_EXTRA = "kernel" }}
-[variants.probe-host]
-workloads = "{PROBE}"
-env = {{ AB_PROBE_EXTRA = "host" }}
+env = {{ AB_PROBE = "on" }}
 """
+EXPECTED = {"kernel": "graph time per call and GPU time slower", "host": "eager slower; graph time per call and GPU time not"}
 
 
 def environment(out: Path) -> dict:
@@ -61,24 +62,40 @@ def replaybench(out: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(replaybench_args(out, *args), cwd=REPO, env=environment(out), capture_output=True, text=True)
 
 
-def ab_run(out: Path, name: str, a: str, b: str, extra: list[str], limit_s: float | None = None) -> dict:
-    """One `replaybench ab` run; its rows read back from the store, also when ``limit_s`` cut it short."""
+def ab_run(out: Path, extra: list[str], limit_s: float | None = None) -> dict:
+    """The `replaybench ab` run; its rows read back from the store, also when ``limit_s`` cut it short."""
     started = time.monotonic()
-    with open(out / f"{name}.log", "w") as log:
+    with open(out / "ab.log", "w") as log:
+        process = subprocess.Popen(replaybench_args(out, "ab", "probe", "probe-on", *extra), cwd=REPO,
+                                   env=environment(out), stdout=log, stderr=subprocess.STDOUT)
         try:
-            done = subprocess.run(replaybench_args(out, "ab", a, b, *extra), cwd=REPO, env=environment(out), stdout=log,
-                                  stderr=subprocess.STDOUT, timeout=limit_s)
-            status = f"exit {done.returncode}"
+            status = f"exit {process.wait(timeout=limit_s)}"
         except subprocess.TimeoutExpired:
-            status = f"stopped after {limit_s:.0f} s"
+            process.send_signal(signal.SIGINT)  # as Ctrl-C: stored interrupted, with what it finished
+            try:
+                status = f"interrupted after {limit_s:.0f} s, exit {process.wait(timeout=30)}"
+            except subprocess.TimeoutExpired:
+                process.kill()
+                status = f"killed: still running 30 s after SIGINT at {limit_s:.0f} s"
     wall = time.monotonic() - started
     runs = json.loads(replaybench(out, "runs", "--format", "json", "--limit", "1").stdout)
     rows = json.loads(replaybench(out, "compare", str(runs[0]["id"]), "--format", "json").stdout) if runs else []
     configs = len({(r["workload"], json.dumps(r["params"])) for r in rows})
-    print(f"\n== {name}: B={b} against A={a}, {configs} config(s), {wall:.0f} s, {status}")
+    print(f"\n== B=probe-on against A=probe, {configs} config(s), {wall:.0f} s, {status}")
+    print_rows(rows)
+    return {"rows": rows, "wall_s": wall, "status": status, "configs": configs}
+
+
+def print_rows(rows: list[dict]) -> None:
     for r in rows:
         print(f"  {r['workload']:<20} {json.dumps(r['params'], sort_keys=True)[:60]:<60} {r['mode']:<6} {r['metric']:<14} {r['text']}")
-    return {"name": name, "rows": rows, "wall_s": wall, "status": status, "configs": configs}
+
+
+def summarize(rows: list[dict]) -> None:
+    for change, expected in EXPECTED.items():
+        print(f"\nprobe, change={change} (expected: {expected}):")
+        print_rows([r for r in rows if r["workload"] == "ab_probe" and r["params"].get("change") == change])
+    summarize_identical([r for r in rows if r["workload"] != "ab_probe"])
 
 
 def halfwidth(r: dict) -> float | None:
@@ -133,10 +150,9 @@ def recompute(url: str) -> None:
             found = comparisons(ratios(stored_units(a), stored_units(b), timed, finishes), params.get("min_effect", 0.05), pairs)
             out += [{"workload": workload, "params": json.loads(key), **c.model_dump()} for c in found]
         print(f"\n== run {run.id}: {params.get('b')} against {params.get('a')}, {len(out)} comparison(s)")
-        for r in out:
-            print(f"  {r['workload']:<20} {json.dumps(r['params'], sort_keys=True)[:60]:<60} {r['mode']:<6} {r['metric']:<14} {r['text']}")
-        if params.get("a") == "main" and params.get("b") == "main-again":
-            summarize_identical(out)
+        print_rows(out)
+        if (params.get("a"), params.get("b")) == ("probe", "probe-on"):
+            summarize(out)
 
 
 def _groups(row, metric: str) -> list[list[float]]:
@@ -151,8 +167,7 @@ def main() -> None:
     parser.add_argument("--suite", choices=("default", "noisy", "none"), default="default")
     parser.add_argument("--time-budget", type=float, default=None, help="per config, both variants (default: ab's)")
     parser.add_argument("--processes", type=int, default=None)
-    parser.add_argument("--limit", type=float, default=None, metavar="S", help="stop the identical run after S seconds")
-    parser.add_argument("--skip-probes", action="store_true", help="only the identical run")
+    parser.add_argument("--limit", type=float, default=None, metavar="S", help="interrupt the run after S seconds")
     parser.add_argument("--recompute", metavar="DB", help="recompute the A/B runs stored in this SQLite file, and stop")
     args = parser.parse_args()
     if args.recompute:
@@ -160,17 +175,17 @@ def main() -> None:
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     (out / "variants.toml").write_text(VARIANTS)
+    sys.path.insert(0, str(REPO))
+    from replaybench.workload import load_registry
+
+    suite = {"default": load_registry().names(), "noisy": NOISY, "none": []}[args.suite]
     extra = [*(["--time-budget", str(args.time_budget)] if args.time_budget else []),
-             *(["--processes", str(args.processes)] if args.processes else [])]
-    runs = []
-    for name, b in () if args.skip_probes else (("kernel", "probe-kernel"), ("host", "probe-host")):
-        runs.append(ab_run(out, name, "probe", b, ["-w", "ab_probe", *extra]))
-    if args.suite != "none":
-        suite = [w for name in NOISY for w in ("-w", name)] if args.suite == "noisy" else []
-        runs.append(ab_run(out, "identical", "main", "main-again", [*suite, *extra], args.limit))
-        summarize_identical(runs[-1]["rows"])
-    (out / "ab_check.json").write_text(json.dumps(runs, indent=1))
-    print("\nwall time per config: " + ", ".join(f"{r['name']} {r['wall_s'] / max(r['configs'], 1):.1f} s" for r in runs))
+             *(["--processes", str(args.processes)] if args.processes else []),
+             *(w for name in ["ab_probe", *suite] for w in ("-w", name))]
+    run = ab_run(out, extra, args.limit)
+    summarize(run["rows"])
+    (out / "ab_check.json").write_text(json.dumps(run, indent=1))
+    print(f"\nwall time: {run['wall_s']:.0f} s for {run['configs']} config(s)")
 
 
 if __name__ == "__main__":
