@@ -11,6 +11,7 @@ Runs inside the measuring process (``replaybench.worker``); imports torch, nothi
 from __future__ import annotations
 
 import gc
+import itertools
 import time
 from typing import Any, Callable
 
@@ -21,6 +22,12 @@ from .workload import BenchConfig, Built, Registry
 
 clock = time.perf_counter
 NO_CUDA = "no CUDA device"
+# Graphs captured of a config in each process, replayed in turn. On the H200 one capture's replay
+# ran ~3-4% faster or slower than another's of the same config in the same process, by where its
+# memory pool lay (benchmarks/graph_process_effect.py): a process that times one capture carries
+# that capture's luck into its figure, and a process that times several averages it out.
+GRAPH_CAPTURES = 4
+GRAPH_CAPTURES_MAX_BYTES = 1 << 30  # graph pools together; a larger graph is captured fewer times
 
 
 class ModeFailure(Exception):
@@ -157,11 +164,38 @@ class Prepared:
         gc.collect()
         torch.cuda.empty_cache()
         reserved_before = torch.cuda.memory_reserved()
+        start = clock()
+        graph, static_out = self._capture(fn, inputs, stream, count_kernels=True)
+        capture_s = clock() - start  # capture and instantiation: what a user pays once
+        pool_bytes = torch.cuda.memory_reserved() - reserved_before
+        start = clock()
+        graph.replay()
+        torch.cuda.synchronize()
+        first_replay_s = clock() - start
+        captured = [(graph, static_out)]
+        while len(captured) < GRAPH_CAPTURES and pool_bytes * (len(captured) + 1) <= GRAPH_CAPTURES_MAX_BYTES:
+            captured.append(self._capture(fn, inputs, stream))
+        worst = 0.0
+        for graph, static_out in captured:
+            def replay_outputs(graph=graph, static_out=static_out):
+                graph.replay()
+                return static_out
+
+            self.check("graph", replay_outputs)
+            worst = max(worst, self.results["graph"].max_abs_diff)
+        self.graphs = captured  # keep the graphs (and their pools) alive while timed
+        turn = itertools.cycle(g for g, _ in captured)
+        self.calls["graph"] = lambda: next(turn).replay()
+        r = self.results["graph"]
+        r.max_abs_diff = worst
+        r.capture_s, r.first_replay_s, r.graph_pool_bytes = capture_s, first_replay_s, pool_bytes
+
+    def _capture(self, fn, inputs, stream, count_kernels: bool = False):
+        """One capture of ``fn`` on ``inputs``, in a memory pool of its own: (graph, its outputs)."""
         try:  # keep the cudaGraph_t to count its nodes (torch >= 2.7); instantiated below
             graph = torch.cuda.CUDAGraph(keep_graph=True)
         except TypeError:
             graph = torch.cuda.CUDAGraph()
-        start = clock()
         try:
             with torch.cuda.graph(graph, stream=stream):
                 static_out = fn(*inputs)
@@ -169,24 +203,10 @@ class Prepared:
         except Exception as exc:
             raise ModeFailure("capture", f"capture failed: {describe(exc)}") from exc
         if hasattr(graph, "raw_cuda_graph"):
-            self.kernels = graph_operations(graph.raw_cuda_graph())
+            if count_kernels:
+                self.kernels = graph_operations(graph.raw_cuda_graph())
             graph.instantiate()
-        capture_s = clock() - start  # capture and instantiation: what a user pays once
-        pool_bytes = torch.cuda.memory_reserved() - reserved_before
-        start = clock()
-        graph.replay()
-        torch.cuda.synchronize()
-        first_replay_s = clock() - start
-
-        def replay_outputs():
-            graph.replay()
-            return static_out
-
-        self.check("graph", replay_outputs)
-        self.graph = graph  # keep the graph (and its pool) alive while it is timed
-        self.calls["graph"] = graph.replay
-        r = self.results["graph"]
-        r.capture_s, r.first_replay_s, r.graph_pool_bytes = capture_s, first_replay_s, pool_bytes
+        return graph, static_out
 
     def prepare_compiled(self, mode: str) -> None:
         fn, inputs = self.built.fn, self.built.inputs

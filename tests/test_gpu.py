@@ -111,3 +111,24 @@ def test_compile_modes_are_checked_and_timed_or_fail_with_a_reason(pool):
             assert m.compile_s > 0 and m.speedup is not None
         else:
             assert m.reason
+
+
+def test_each_capture_is_checked_and_the_graph_call_replays_them_in_turn():
+    import torch
+
+    from replaybench.prepare import GRAPH_CAPTURES, Prepared
+    from replaybench.workload import load_registry
+
+    prepared = Prepared(SEED, SETTINGS, load_registry()).prepare()
+    assert prepared.results["graph"].status == "ok", prepared.results["graph"].reason
+    assert len(prepared.graphs) == GRAPH_CAPTURES
+    assert len({graph.pool() for graph, _ in prepared.graphs}) == GRAPH_CAPTURES  # a memory pool each
+    (x,) = prepared.built.inputs
+    with torch.inference_mode():
+        x.copy_(torch.randn_like(x))
+        expected = prepared.built.fn(x)
+        for calls in range(1, GRAPH_CAPTURES + 1):
+            prepared.calls["graph"]()
+            torch.cuda.synchronize()
+            fresh = sum(torch.allclose(out, expected, atol=1e-5) for _, out in prepared.graphs)
+            assert fresh == calls  # each call replayed a capture not replayed since the inputs changed
