@@ -19,7 +19,7 @@ Everything lands in ``--out`` (database, reports, the variants file, every row a
 ``ab_check.json``). ``--limit`` interrupts the run after S seconds (SIGINT, as Ctrl-C would): the
 run is stored ``interrupted`` with the configs it finished. ``--recompute`` recomputes the
 comparisons of every A/B run in a store from its stored units, with the current
-``replaybench.ab.ratios`` (the H200 runs are kept in benchmarks/data). A benchmark, not a test: it
+``replaybench.ab.ratios`` (the H200 runs are kept in benchmarks/data: h200-ab.db, h200-ab-captures.db). A benchmark, not a test: it
 prints figures and targets and never asserts.
 """
 
@@ -124,13 +124,16 @@ def summarize_identical(rows: list[dict]) -> None:
             print(f"  excludes no change: {r['workload']} {json.dumps(r['params'], sort_keys=True)} {r['mode']} {r['metric']}: {r['text']}")
 
 
-def recompute(url: str) -> None:
+def stored_comparisons(url: str) -> list[tuple[object, list[dict]]]:
+    """Every A/B run in a store, oldest first, with its comparisons recomputed from its stored
+    units by the current ``replaybench.ab``: [(run, rows as `compare --format json` gives them)]."""
     sys.path.insert(0, str(REPO))
     from replaybench.ab import comparisons, ratios
     from replaybench.analysis import stored_units
     from replaybench.storage import Store
 
     store = Store(url, migrate=False)
+    found = []
     for run in reversed([r for r in store.runs(1000) if r.trigger == "ab"]):
         run = store.run(run.id)
         params = run.parameters or {}
@@ -147,12 +150,20 @@ def recompute(url: str) -> None:
             pairs = len(stored_units(a))
             gpu = [{m: _groups(x, "gpu") for m, x in side.items() if x.samples.get("gpu")} for side in (a, b)]
             finishes = tuple([{"gpu": {m: (g[i], []) for m, g in groups.items()}} for i in range(pairs)] for groups in gpu)
-            found = comparisons(ratios(stored_units(a), stored_units(b), timed, finishes), params.get("min_effect", 0.05), pairs)
-            out += [{"workload": workload, "params": json.loads(key), **c.model_dump()} for c in found]
-        print(f"\n== run {run.id}: {params.get('b')} against {params.get('a')}, {len(out)} comparison(s)")
-        print_rows(out)
+            found_here = comparisons(ratios(stored_units(a), stored_units(b), timed, finishes), params.get("min_effect", 0.05), pairs)
+            out += [{"workload": workload, "params": json.loads(key), **c.model_dump()} for c in found_here]
+        found.append((run, out))
+    store.engine.dispose()
+    return found
+
+
+def recompute(url: str) -> None:
+    for run, rows in stored_comparisons(url):
+        params = run.parameters or {}
+        print(f"\n== run {run.id}: {params.get('b')} against {params.get('a')}, {len(rows)} comparison(s)")
+        print_rows(rows)
         if (params.get("a"), params.get("b")) == ("probe", "probe-on"):
-            summarize(out)
+            summarize(rows)
 
 
 def _groups(row, metric: str) -> list[list[float]]:
