@@ -16,7 +16,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from flows.benchmark import end_run, gpu_label, gpu_lock, progress
+from flows.benchmark import end_run, finished, gpu_label, gpu_lock, progress
 from replaybench.ab import ABPool, ABResult
 from replaybench.health import host_facts
 from replaybench.params import ABParameters
@@ -91,6 +91,7 @@ def ab(parameters: ABFlowParameters) -> int:
         raise
     status = store.finish_run(run_id)
     path, markdown = write_report(store, run_id, directory)
+    finished(run_id)
     create_markdown_artifact(markdown=markdown, key="replaybench-ab", description=f"replaybench A/B run {run_id}")
     logger.info("run %d %s; report: %s", run_id, status.replace("_", " "), path)
     return run_id

@@ -57,6 +57,14 @@ class FlowParameters(RunParameters):
 progress_hook: Callable[[int, int, str], None] | None = None
 # Set by the CLI: called with the signal's name once a run is stored as interrupted.
 interrupt_hook: Callable[[str], None] | None = None
+# Set by the CLI: called with the run id once a run is stored and its report written, before the
+# flow's last calls to the Prefect server (which the CLI skips where the server is gone).
+finished_hook: Callable[[int], None] | None = None
+
+
+def finished(run_id: int) -> None:
+    if finished_hook:
+        finished_hook(run_id)
 
 
 def interruption(exc: BaseException) -> str | None:
@@ -149,6 +157,7 @@ def benchmark(
     if error is None:
         alert(store, run_id, store_verdicts(store, run_id))
     path, markdown = write_report(store, run_id, directory)
+    finished(run_id)
     create_markdown_artifact(markdown=markdown, key="replaybench-report", description=f"replaybench run {run_id}")
     logger.info("run %d %s; report: %s", run_id, status.replace("_", " "), path)
     return run_id

@@ -1,14 +1,19 @@
-"""A temporary local Prefect server for a CLI run, when no PREFECT_API_URL is set: Prefect's own
-(``SubprocessASGIServer``), but started in a session of its own, so that a Ctrl-C to the terminal
+"""The Prefect server of a CLI run. A temporary local one, when no PREFECT_API_URL is set: Prefect's
+own (``SubprocessASGIServer``), but started in a session of its own, so that a Ctrl-C to the terminal
 reaches the run and not the server. The run then ends in order (its flow run marked on a live
 server, its store updated) and stops the server itself, instead of calling a dead one for minutes.
+And ``ServerWatch``, which tells a run that its server (temporary or not) stopped answering.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from contextlib import contextmanager
+from typing import Callable
+
+import httpx
 
 
 class _SessionPopen(subprocess.Popen):
@@ -63,3 +68,43 @@ def kill_server() -> None:
     process = getattr(_current, "server_process", None)
     if process is not None and process.poll() is None:
         process.kill()
+
+
+class ServerWatch:
+    """Watches a run's Prefect server from a thread: once its process has ended (a temporary
+    server) or ``misses`` health checks in a row went unanswered, ``lost`` is set and ``on_lost``
+    called, once. Prefect's client would otherwise retry every call to it for minutes."""
+
+    def __init__(self, api_url: str, on_lost: Callable[[], None], process=None, interval_s: float = 1.0, misses: int = 3):
+        self.health = api_url.rstrip("/") + "/health"
+        self.on_lost, self.process, self.interval_s, self.misses = on_lost, process, interval_s, misses
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="replaybench-server-watch", daemon=True)
+
+    def __enter__(self) -> "ServerWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s * 2)
+
+    def _answers(self) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            return False
+        try:
+            return httpx.get(self.health, timeout=self.interval_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _watch(self) -> None:
+        missed = 0
+        while not self._stop.wait(self.interval_s):
+            dead = self.process is not None and self.process.poll() is not None
+            missed = 0 if self._answers() else missed + 1
+            if dead or missed >= self.misses:
+                if not self._stop.is_set():
+                    self.lost = True
+                    self.on_lost()
+                return

@@ -21,6 +21,7 @@ import socket
 import sys
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from typing import Callable
 
 from pydantic import ValidationError
 from rich.console import Console
@@ -187,14 +188,17 @@ def cmd_run(args) -> int:
     console.print(f"measuring {len(configs)} config(s), modes: {', '.join(parameters.modes)}")
     import flows.benchmark as flows_benchmark
 
-    with _measuring(args.db, len(configs)):
+    def finished(run_id: int) -> int:
+        run = Store(args.db).run(run_id)
+        path = reports_dir(args.reports) / f"{run_id}.md"
+        print(f"run {run_id} {run.status.replace('_', ' ')}: report {path} (also {path.parent / 'latest.md'})")
+        return 0 if run.status == "completed" else 1
+
+    with _measuring(args.db, len(configs), finished):
         run_id = flows_benchmark.benchmark(
             parameters=flows_benchmark.FlowParameters(**parameters.model_dump()), trigger=args.trigger
         )
-    run = Store(args.db).run(run_id)
-    path = reports_dir(args.reports) / f"{run_id}.md"
-    print(f"run {run_id} {run.status.replace('_', ' ')}: report {path} (also {path.parent / 'latest.md'})")
-    return 0 if run.status == "completed" else 1
+    return finished(run_id)
 
 
 @contextmanager
@@ -213,7 +217,7 @@ def _progress(total: int):
 
         flows_benchmark.progress_hook = advance
         try:
-            yield
+            yield progress
         finally:
             flows_benchmark.progress_hook = None
 
@@ -227,16 +231,20 @@ class Interrupted(Exception):
 
 
 @contextmanager
-def _measuring(store_url: str | None, total: int):
+def _measuring(store_url: str | None, total: int, finished: Callable[[int], int]):
     """Around a run's flow: a progress bar, a temporary Prefect server of our own where none is
-    set, and signals. The first SIGINT, SIGTERM or SIGHUP stops the run (the flow stores it as
-    interrupted, keeping what it measured; measuring processes are killed, the server stopped in
-    order), and ends in ``Interrupted``; a second one kills everything and exits at once."""
+    set, a watch on the server, and signals. The first SIGINT, SIGTERM or SIGHUP stops the run (the
+    flow stores it as interrupted, keeping what it measured; measuring processes are killed, the
+    server stopped in order), and ends in ``Interrupted``; a second one kills everything and exits
+    at once. A server that stops answering is said once; the run goes on measuring and storing, and
+    once it is stored (finished or interrupted) the command ends with ``finished(run_id)``'s status
+    (or the interruption's), without the calls to the dead server that Prefect would retry for
+    minutes."""
     import logging
     import signal
 
     import flows.benchmark as flows_benchmark
-    from flows.local_server import kill_server, temporary_server
+    from flows.local_server import ServerWatch, kill_server, temporary_server
     from prefect.exceptions import TerminationSignal
 
     from .worker import kill_all
@@ -244,6 +252,34 @@ def _measuring(store_url: str | None, total: int):
     received: list[int] = []  # signals that reached the handler below
     stopped_by: list[int] = []  # the signal a run was stored as interrupted by (Prefect may take SIGTERM first)
     since = datetime.now(timezone.utc)
+    ended: list[Callable[[], int]] = []  # once the run is stored: what ends the command, and its status
+    progress: list[Progress] = []
+    watching: list[ServerWatch] = []
+
+    def interrupted_line() -> str:
+        store = Store(store_url)
+        mine = [r for r in store.runs(20) if r.pid == os.getpid() and r.host == socket.gethostname()
+                and r.started_at.replace(tzinfo=r.started_at.tzinfo or timezone.utc) >= since]
+        if mine:
+            return f"interrupted: run {mine[0].id} kept {store.configs_kept(mine[0].id)} of {total} configs"
+        return "interrupted before a run was stored"
+
+    def exit_now(end: Callable[[], int]) -> None:
+        """The run is stored and its server gone: say what there is to say, and leave at once."""
+        for bar in progress:
+            bar.stop()
+        status = end()
+        kill_server()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+    def on_lost() -> None:
+        logging.disable(logging.CRITICAL)  # Prefect's errors about the dead server: said once, below
+        console.print(f"the Prefect server at {api_url} stopped answering: the run goes on and stores what it "
+                      "measures; Prefect will not see the rest of it", soft_wrap=True)
+        if ended:  # stored already, and waiting on the server
+            exit_now(ended[0])
 
     def on_signal(signum, frame):
         if received:
@@ -256,28 +292,33 @@ def _measuring(store_url: str | None, total: int):
         stop.signum = signum  # which signal, for the stored run (flows.benchmark.interruption)
         raise stop
 
-    def on_interrupted(signal_name: str) -> None:
-        stopped_by.append(signal.Signals[signal_name])
+    def interruption_stored(signal_name: str) -> None:
+        signum = signal.Signals[signal_name]
+        stopped_by.append(signum)
         logging.disable(logging.CRITICAL)
+        ended.append(lambda: print(interrupted_line(), file=sys.stderr) or 128 + signum)
+        if watching and watching[0].lost:
+            exit_now(ended[0])
+
+    def run_stored(run_id: int) -> None:
+        ended.append(lambda: finished(run_id))
+        if watching and watching[0].lost:
+            exit_now(ended[0])
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    flows_benchmark.interrupt_hook = on_interrupted
+    flows_benchmark.interrupt_hook, flows_benchmark.finished_hook = interruption_stored, run_stored
     try:
-        with temporary_server(), _progress(total):
-            yield
+        with temporary_server() as server, _progress(total) as bar:
+            progress.append(bar)
+            api_url = server.api_url if server else os.environ["PREFECT_API_URL"]
+            with ServerWatch(api_url, on_lost, process=getattr(server, "server_process", None)) as watch:
+                watching.append(watch)
+                yield
     except (KeyboardInterrupt, TerminationSignal) as exc:
         signum = (received or stopped_by or [getattr(exc, "signal", signal.SIGINT)])[0]
-        store = Store(store_url)
-        mine = [r for r in store.runs(20) if r.pid == os.getpid() and r.host == socket.gethostname()
-                and r.started_at.replace(tzinfo=r.started_at.tzinfo or timezone.utc) >= since]
-        if mine:
-            run = mine[0]
-            line = f"interrupted: run {run.id} kept {store.configs_kept(run.id)} of {total} configs"
-        else:
-            line = "interrupted before a run was stored"
-        raise Interrupted(line, 128 + signum) from None
+        raise Interrupted(interrupted_line(), 128 + signum) from None
     finally:
-        flows_benchmark.interrupt_hook = None
+        flows_benchmark.interrupt_hook = flows_benchmark.finished_hook = None
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         logging.disable(logging.NOTSET)
@@ -308,14 +349,17 @@ def cmd_ab(args) -> int:
                   f"{parameters.processes} process pair(s)")
     import flows.ab as flows_ab
 
-    with _measuring(args.db, len(configs)):
+    def finished(run_id: int) -> int:
+        store = Store(args.db)
+        _print_ab(store, run_id, args.format)
+        run = store.run(run_id)
+        path = reports_dir(args.reports) / f"{run_id}.md"
+        console.print(f"run {run_id} {run.status.replace('_', ' ')}: report {path}")
+        return 0 if run.status == "completed" else 1
+
+    with _measuring(args.db, len(configs), finished):
         run_id = flows_ab.ab(parameters=flows_ab.ABFlowParameters(**parameters.model_dump()))
-    store = Store(args.db)
-    _print_ab(store, run_id, args.format)
-    run = store.run(run_id)
-    path = reports_dir(args.reports) / f"{run_id}.md"
-    console.print(f"run {run_id} {run.status.replace('_', ' ')}: report {path}")
-    return 0 if run.status == "completed" else 1
+    return finished(run_id)
 
 
 def _print_ab(store: Store, run_id: int, form: str) -> None:

@@ -12,6 +12,9 @@ from contextlib import contextmanager
 import httpx
 
 
+PROCESSES: dict[str, subprocess.Popen] = {}  # each running server's process, by its API URL
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -48,9 +51,14 @@ def prefect_server(home, extra_env: dict | None = None):
             time.sleep(0.5)
         else:
             raise RuntimeError("prefect server did not start within 120 s")
+        PROCESSES[url] = proc
         yield url
     finally:
-        os.killpg(proc.pid, 9)
+        PROCESSES.pop(url, None)
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:  # killed by the test already
+            pass
         proc.wait()
         log.close()
 

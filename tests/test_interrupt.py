@@ -7,7 +7,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
+from datetime import timezone
 from pathlib import Path
 
 import pytest
@@ -159,3 +161,73 @@ def test_ctrl_c_with_an_external_server_marks_its_flow_run_crashed(tmp_path):
         with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
             state = client.read_flow_run(run.flow_run_id).state
         assert state.is_final() and not state.is_completed(), state
+
+
+# -- a run that loses its Prefect server ---------------------------------------------------------
+LOST = "stopped answering"
+
+
+def kill_when_a_config_is_stored(tmp_path: Path, proc: subprocess.Popen, kill) -> float:
+    """Wait until a config is stored, then ``kill()`` the server; returns when it was killed."""
+    deadline = time.monotonic() + 240
+    while stored_results(tmp_path / "replaybench.db") == 0:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no config stored within 240 s"
+        time.sleep(0.2)
+    kill()
+    return time.monotonic()
+
+
+def temporary_server_of(pid: int) -> int:
+    (server,) = [p for p in children(pid) if b"uvicorn" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    return server
+
+
+def test_a_run_whose_temporary_server_dies_measures_on_and_ends_within_seconds(tmp_path):
+    proc = start_run(tmp_path)
+    kill_when_a_config_is_stored(tmp_path, proc, lambda: os.killpg(temporary_server_of(proc.pid), signal.SIGKILL))
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("the run did not end within 120 s of losing its server")
+    ended = time.time()
+    assert proc.returncode == 0, err[-3000:]
+    run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
+    assert run.status == "completed" and len({r.params_key for r in run.results}) == CONFIGS
+    stored_at = run.ended_at.replace(tzinfo=run.ended_at.tzinfo or timezone.utc).timestamp()
+    assert ended - stored_at < 10  # not minutes of retries once it is stored
+    assert err.count(LOST) == 1 and "Traceback" not in err and "Error" not in err, err[-3000:]
+    assert out.splitlines()[-1].startswith(f"run {run.id} completed: report ")
+    assert (tmp_path / "reports" / f"{run.id}.md").exists()
+
+
+def test_ctrl_c_after_the_external_server_is_gone_still_exits_within_seconds(tmp_path):
+    from .prefect_server import PROCESSES
+
+    home = tmp_path / "prefect"
+    home.mkdir()
+    with prefect_server(home) as api:
+        proc = start_run(tmp_path, {"PREFECT_API_URL": api, "PREFECT_HOME": str(home)})
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+        reader.start()
+        killed = kill_when_a_config_is_stored(tmp_path, proc, lambda: os.killpg(PROCESSES[api].pid, signal.SIGKILL))
+        while not any(LOST in line for line in lines):  # said within seconds
+            assert time.monotonic() - killed < 20 and proc.poll() is None, "the lost server was never reported"
+            time.sleep(0.2)
+        said = len(lines)
+        started = children(proc.pid)
+        sent = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail("the run did not exit within 60 s of Ctrl-C")
+        exited_s = time.monotonic() - sent
+        reader.join(timeout=5)
+        assert proc.returncode == 130
+        err = "".join(lines)
+        assert sum(LOST in line for line in lines) == 1 and "Traceback" not in err, err[-3000:]
+        check_interrupted_run(tmp_path, "".join(lines[said:]), exited_s, started)
