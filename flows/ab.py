@@ -16,7 +16,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from flows.benchmark import end_run, finished, gpu_label, gpu_lock, progress
+from flows.benchmark import end_run, finished, gpu_label, gpu_lock, progress, refuse_when_stopping
+from flows.supervise import check_stop
 from replaybench.ab import ABPool, ABResult
 from replaybench.health import host_facts
 from replaybench.params import ABParameters
@@ -70,6 +71,8 @@ def variant_facts(variant, environment: dict) -> dict:
 @flow(name="replaybench-ab")
 def ab(parameters: ABFlowParameters) -> int:
     """Measure variants A and B of the code under test side by side; returns the run id."""
+    if stopping := refuse_when_stopping():
+        return stopping
     logger = get_run_logger()
     a, b = pick(load_variants(), parameters.a, parameters.b)  # declared on this host, checked now
     configs = parameters.configs(load_registry(shadowing=[a.workloads] if a.workloads else []))
@@ -86,8 +89,11 @@ def ab(parameters: ABFlowParameters) -> int:
             for done, config in enumerate(configs, 1):
                 result = measure_pair(config, settings, pool, store, run_id, parameters.min_effect)
                 progress(done, len(configs), f"{config.label}: " + "; ".join(c.text for c in result.comparisons[:1]))
+                if done < len(configs):
+                    check_stop()
     except BaseException as exc:
-        end_run(store, run_id, exc)
+        if cancelled := end_run(store, run_id, exc):
+            return cancelled
         raise
     status = store.finish_run(run_id)
     path, markdown = write_report(store, run_id, directory)

@@ -24,8 +24,10 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import flow_run
+from prefect.states import Cancelled, Cancelling
 from pydantic import Field
 
+from flows.supervise import WorkerStopping, check_stop, stop_requested
 from replaybench.health import host_facts
 from replaybench.history import Verdict
 from replaybench.params import RunParameters
@@ -73,15 +75,30 @@ def interruption(exc: BaseException) -> str | None:
         return signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
     if isinstance(exc, TerminationSignal):
         return signal.Signals(exc.signal).name
+    if isinstance(exc, WorkerStopping):
+        return f"{exc.signal_name} to the worker"
     return None
 
 
-def end_run(store: Store, run_id: int, exc: BaseException) -> None:
-    """A run that did not finish: interrupted (a signal) or failed; what it measured stays."""
+def end_run(store: Store, run_id: int, exc: BaseException):
+    """A run that did not finish: interrupted (a signal) or failed; what it measured stays. Where
+    the worker or serve process running it is stopping, the flow run's final state, Cancelled, to
+    be returned by the flow (anything else is re-raised by the caller)."""
     signal_name = interruption(exc)
     store.finish_run(run_id, error=f"{type(exc).__name__}: {exc}", interrupted=signal_name)
     if signal_name and interrupt_hook:
         interrupt_hook(signal_name)
+    if stopping := stop_requested():
+        return Cancelled(message=f"run {run_id} interrupted: {stopping} to the worker; "
+                                 f"{store.configs_kept(run_id)} config(s) kept")
+    return None
+
+
+def refuse_when_stopping():
+    """A flow run that starts while its worker is stopping ends at once, Cancelled."""
+    if stopping := stop_requested():
+        return Cancelled(message=f"not started: {stopping} to the worker")
+    return None
 
 
 def progress(done: int, total: int, line: str) -> None:
@@ -125,6 +142,8 @@ def measure_configs(run_id: int, configs: list[BenchConfig], parameters: RunPara
             result = measure_config(config, settings, pool, store, run_id)
             logger.info("%d/%d configs measured", done, len(configs))
             progress(done, len(configs), one_line(result))
+            if done < len(configs):
+                check_stop()
 
 
 @flow(name="replaybench", flow_run_name="replaybench-{trigger}")
@@ -134,6 +153,8 @@ def benchmark(
     shards: Annotated[int, Field(ge=1, le=64, description="split the suite over this many shard flow runs")] = 1,
 ) -> int:
     """Measure eager vs CUDA graph replay for the selected workloads; returns the run id."""
+    if stopping := refuse_when_stopping():
+        return stopping
     logger = get_run_logger()
     configs = parameters.configs(load_registry())  # bad input fails here, before any measuring
     directory = check_writable(reports_dir())
@@ -151,7 +172,8 @@ def benchmark(
             measure_configs(run_id, configs, parameters, store)
         confirm(run_id, parameters, store)
     except BaseException as exc:
-        end_run(store, run_id, exc)
+        if cancelled := end_run(store, run_id, exc):
+            return cancelled
         raise
     status = store.finish_run(run_id, error=error)
     if error is None:
@@ -290,6 +312,12 @@ def run_shards(run_id: int, configs: list[BenchConfig], parameters: RunParameter
                 if state is not None and state.is_final():
                     states[index] = state
                     del pending[index]
+            try:
+                check_stop()
+            except WorkerStopping:  # this worker is stopping: so is the run, shards elsewhere too
+                for run_id_ in pending.values():
+                    client.set_flow_run_state(run_id_, Cancelling(message="the run's parent was stopped"), force=True)
+                raise
             time.sleep(2)
     failed = [f"shard {i} {states[i].name if i in states else 'did not finish in time'}" for i, _ in started
               if i not in states or not states[i].is_completed()]
@@ -312,6 +340,8 @@ def gpu_queues() -> list[str]:
 @flow(name="replaybench-shard")
 def shard(run_id: int, parameters: FlowParameters, configs: list[dict[str, Any]]) -> int:
     """Measure a share of a run's configs into that run (started by ``benchmark`` with shards)."""
+    if stopping := refuse_when_stopping():
+        return stopping
     registry = load_registry()
     store = Store()
     selected = [BenchConfig(c["workload"], c["params"]) for c in configs]
@@ -322,7 +352,10 @@ def shard(run_id: int, parameters: FlowParameters, configs: list[dict[str, Any]]
             raise WorkloadError(f"{config.workload}: unknown parameter(s) {', '.join(sorted(unknown))}")
         check_batch_size(config.params.get("batch_size"))
         check_dtype(config.params.get("dtype"))
-    measure_configs(run_id, selected, parameters, store)
+    try:
+        measure_configs(run_id, selected, parameters, store)
+    except WorkerStopping as exc:  # the parent run stores the interruption
+        return Cancelled(message=str(exc))
     return len(selected)
 
 

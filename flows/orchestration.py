@@ -58,9 +58,9 @@ def setup(pool: str, gpus: list[str]) -> list[str]:
     return names
 
 
-def start_worker(pool: str, gpu: str) -> None:
-    """Replace this process with a Prefect process worker pinned to one GPU. Flow runs it starts
-    inherit the GPU and the name of its concurrency limit."""
+def worker_command(pool: str, gpu: str) -> list[str]:
+    """The command of a Prefect process worker pinned to one GPU, with this process's environment
+    set for it: flow runs it starts inherit the GPU and the name of its concurrency limit."""
     (name,) = setup(pool, [gpu])
     os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     os.environ[GPU_LIMIT_VARIABLE] = name
@@ -74,7 +74,7 @@ def start_worker(pool: str, gpu: str) -> None:
     prefect = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", "2",
                "--work-queue", "default", "--work-queue", gpu_queue_name(gpu),
                "--name", f"replaybench-{socket.gethostname()}-gpu{gpu}"]
-    os.execv(sys.executable, prefect)
+    return prefect
 
 
 def serve(cron: str, timezone: str, gpu: str) -> None:

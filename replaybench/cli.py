@@ -134,6 +134,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--cron", default=None, help="nightly schedule (env REPLAYBENCH_NIGHTLY_CRON; default '0 2 * * *')")
     serve.add_argument("--timezone", default=None, help="timezone of the schedule (env REPLAYBENCH_TIMEZONE; default UTC)")
     serve.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0"), help="GPU index of this box")
+    serve.add_argument("--now", action="store_true",
+                       help="on SIGINT or SIGTERM, stop the flow runs in progress at once, not after their current config")
+    serve.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)  # the supervised runner itself
     common(serve)
 
     setup = sub.add_parser("setup", help="create the work pool and one concurrency limit per GPU (idempotent)")
@@ -143,6 +146,8 @@ def _parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="start a Prefect process worker pinned to one GPU")
     worker.add_argument("--pool", default="gpu")
     worker.add_argument("--gpu", required=True, help="GPU index on this host (sets CUDA_VISIBLE_DEVICES)")
+    worker.add_argument("--now", action="store_true",
+                        help="on SIGINT or SIGTERM, stop the flow runs in progress at once, not after their current config")
     common(worker)
     return parser
 
@@ -526,10 +531,15 @@ def _settings_to_environment(args) -> None:
 def cmd_serve(args) -> int:
     from flows.deployments import NIGHTLY_CRON, TIMEZONE
     from flows.orchestration import serve
+    from flows.supervise import supervise
 
     _store(args)
     check_writable(reports_dir(args.reports))
     _settings_to_environment(args)
+    if not args.supervised:  # the runner in a process of its own, stopped cleanly (flows/supervise.py)
+        child = ["serve", "--gpu", args.gpu, "--supervised", *(["--cron", args.cron] if args.cron else []),
+                 *(["--timezone", args.timezone] if args.timezone else [])]
+        return supervise([sys.executable, "-m", "replaybench.cli", *child], "serve", now=args.now)
     serve(args.cron or NIGHTLY_CRON, args.timezone or TIMEZONE, args.gpu)
     return 0
 
@@ -544,13 +554,13 @@ def cmd_setup(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from flows.orchestration import start_worker
+    from flows.orchestration import worker_command
+    from flows.supervise import supervise
 
     _store(args)
     check_writable(reports_dir(args.reports))
     _settings_to_environment(args)
-    start_worker(args.pool, args.gpu)
-    return 0
+    return supervise(worker_command(args.pool, args.gpu), "worker", now=args.now)
 
 
 def main(argv: list[str] | None = None) -> int:

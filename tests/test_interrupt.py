@@ -231,3 +231,86 @@ def test_ctrl_c_after_the_external_server_is_gone_still_exits_within_seconds(tmp
         err = "".join(lines)
         assert sum(LOST in line for line in lines) == 1 and "Traceback" not in err, err[-3000:]
         check_interrupted_run(tmp_path, "".join(lines[said:]), exited_s, started)
+
+
+# -- stopping `replaybench serve` and `replaybench worker` ----------------------------------------
+REPO = Path(__file__).resolve().parent.parent
+
+
+def prefect_env(tmp_path: Path, api: str) -> dict:
+    (tmp_path / "user").mkdir(exist_ok=True)
+    (tmp_path / "user" / "steady.py").write_text(WORKLOAD)
+    return {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(tmp_path / "prefect"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "REPLAYBENCH_HOME": str(REPO),
+            "REPLAYBENCH_WORKLOADS_PATH": str(tmp_path / "user"),
+            "REPLAYBENCH_DB_URL": f"sqlite:///{tmp_path / 'replaybench.db'}", "REPLAYBENCH_REPORTS_DIR": str(tmp_path / "reports")}
+
+
+def stop_mid_run(tmp_path: Path, api: str, process: subprocess.Popen, deployment: str, sig: int):
+    """Start an ad-hoc run of six configs through ``deployment``, send ``sig`` to ``process`` once
+    the first config is stored; returns (seconds to its exit, the flow run, the stored run)."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                client.read_deployment_by_name(deployment)
+                break
+            except Exception:
+                assert process.poll() is None and time.monotonic() < deadline, "no deployment registered"
+                time.sleep(1)
+        flow_run = run_deployment(deployment, timeout=0, parameters={
+            "parameters": {"workloads": ["steady"], "time_budget_s": 2, "processes": 2}})
+        deadline = time.monotonic() + 240
+        while stored_results(tmp_path / "replaybench.db") == 0:
+            assert process.poll() is None and time.monotonic() < deadline, "no config stored"
+            time.sleep(0.2)
+        sent = time.monotonic()
+        os.kill(process.pid, sig)
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            pytest.fail("it did not exit within 120 s of the signal")
+        exited_s = time.monotonic() - sent
+        state = client.read_flow_run(flow_run.id).state
+    return exited_s, state, Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
+
+
+def test_sigterm_to_serve_lets_the_current_config_finish_and_cancels_the_flow_run(tmp_path):
+    with prefect_server(tmp_path) as api:
+        log = open(tmp_path / "serve.log", "w")
+        serve = subprocess.Popen([sys.executable, "-m", "replaybench.cli", "serve", "--gpu", "0"], env=prefect_env(tmp_path, api),
+                                 stdout=log, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        exited_s, state, run = stop_mid_run(tmp_path, api, serve, "replaybench/adhoc", signal.SIGTERM)
+        err = serve.stderr.read()
+    assert serve.returncode == 0 and exited_s < 10, err[-3000:]
+    assert state.is_cancelled(), state
+    assert run.status == "interrupted" and run.error == "interrupted by SIGTERM to the worker"
+    kept = len({r.params_key for r in run.results})
+    assert 1 <= kept < CONFIGS and f"{kept} config(s) kept" in state.message
+    assert [ln for ln in err.splitlines() if ln.startswith("serve ")] == [
+        "serve stopping (SIGTERM): 1 flow run(s) finish their current config (a second signal stops them now)",
+        "serve stopped: its flow run(s) cancelled, their finished results stored"], err[-3000:]
+    assert not children(serve.pid)
+
+
+def test_ctrl_c_to_a_worker_with_now_stops_its_flow_run_at_once_and_cancels_it(tmp_path):
+    with prefect_server(tmp_path) as api:
+        env = prefect_env(tmp_path, api)
+        for command in (["replaybench.cli", "setup", "--pool", "gpu", "--gpus", "0"], ["prefect", "--no-prompt", "deploy", "-n", "adhoc"]):
+            done = subprocess.run([sys.executable, "-m", *command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        log = open(tmp_path / "worker.log", "w")
+        worker = subprocess.Popen([sys.executable, "-m", "replaybench.cli", "worker", "--gpu", "0", "--now"], env=env,
+                                  stdout=log, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        exited_s, state, run = stop_mid_run(tmp_path, api, worker, "replaybench/adhoc", signal.SIGINT)
+        err = worker.stderr.read()
+    assert worker.returncode == 0 and exited_s < 10, err[-3000:]
+    assert state.is_cancelled(), state
+    assert run.status == "interrupted" and run.error == "interrupted by SIGTERM"  # the worker's SIGTERM to its flow run
+    assert 1 <= len({r.params_key for r in run.results}) < CONFIGS
+    assert "worker stopping (SIGINT): 1 flow run(s) stopping now" in err, err[-3000:]

@@ -1,0 +1,117 @@
+"""Stopping `replaybench worker` and `replaybench serve` cleanly.
+
+Prefect's own worker and runner, sent SIGTERM or SIGINT, stop the flow runs they started mid-config
+and can leave them ``Running`` on the server. So each runs here in a process of its own session,
+supervised: the first SIGINT, SIGTERM or SIGHUP freezes that process (SIGSTOP: it takes no more flow
+runs, and its flow runs keep the pipes it reads their output from) and writes a stop file that its
+flow runs check between configs (``stop_requested``). Each one in
+progress finishes its current config, stores its run as interrupted with every finished result,
+and ends ``Cancelled``; with ``--now``, or at a second signal, they are sent SIGTERM and stop at once,
+the same way. The supervisor exits once they have.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+STOP_VARIABLE = "REPLAYBENCH_STOP_FILE"
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_requested() -> str | None:
+    """The name of the signal that asked this flow run's worker or serve process to stop, if one did."""
+    path = os.environ.get(STOP_VARIABLE)
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or "a stop request"
+    except OSError:
+        return None
+
+
+class WorkerStopping(Exception):
+    """Raised between configs once the worker or serve process running this flow run is stopping."""
+
+    def __init__(self, signal_name: str):
+        super().__init__(f"stopped by {signal_name} to the worker")
+        self.signal_name = signal_name
+
+
+def check_stop() -> None:
+    if signal_name := stop_requested():
+        raise WorkerStopping(signal_name)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _kill(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def supervise(command: list[str], what: str, now: bool = False) -> int:
+    """Run ``command`` (a Prefect worker or serve process) until a signal, then stop as the module
+    says; the exit status is the command's own where it ended by itself, else 0."""
+    stop_file = Path(tempfile.mkdtemp(prefix="replaybench-stop-")) / "stop"
+    received: list[int] = []
+    signal_handlers = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in SIGNALS}
+    process = subprocess.Popen(command, env={**os.environ, STOP_VARIABLE: str(stop_file)}, start_new_session=True)
+    try:
+        while not received:
+            if process.poll() is not None:
+                return process.returncode
+            time.sleep(0.2)
+        name = signal.Signals(received[0]).name
+        stop_file.write_text(name)
+        process.send_signal(signal.SIGSTOP)  # no more flow runs taken; those running go on
+        flow_runs = _children(process.pid)  # the flow-run processes it started
+        if not any(_alive(p) for p in flow_runs):
+            print(f"{what} stopped ({name})", file=sys.stderr)
+            return 0
+        if now:
+            _kill(flow_runs, signal.SIGTERM)
+        print(f"{what} stopping ({name}): {len(flow_runs)} flow run(s) "
+              + ("stopping now" if now else "finish their current config (a second signal stops them now)"),
+              file=sys.stderr, flush=True)
+        signalled = len(received)
+        while any(_alive(p) for p in flow_runs):
+            if len(received) > signalled:
+                signalled = len(received)
+                _kill(flow_runs, signal.SIGTERM if signalled == 2 else signal.SIGKILL)
+            time.sleep(0.2)
+        print(f"{what} stopped: its flow run(s) cancelled, their finished results stored", file=sys.stderr)
+        return 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for sig, handler in signal_handlers.items():
+            signal.signal(sig, handler)
+        stop_file.unlink(missing_ok=True)
+        stop_file.parent.rmdir()
