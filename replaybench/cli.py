@@ -511,10 +511,13 @@ def cmd_alerts(args) -> int:
 
 def cmd_workloads(args) -> int:
     registry = load_registry()
-    table = Table("workload", "default configs", "full grid", "description")
+    table = Table("workload", "default configs", "full grid", "grid (--set KEY=VALUE; default values in bold)", "description")
     for name in registry.names():
         w = registry.workloads[name]
-        table.add_row(name, str(len(list(w.configs()))), str(len(list(w.configs(full=True)))), w.description)
+        default = w.default_grid or w.grid
+        grid = "\n".join(f"{key}: " + ", ".join(f"[bold]{v}[/bold]" if v in default.get(key, ()) else str(v) for v in values)
+                         for key, values in w.grid.items())
+        table.add_row(name, str(len(list(w.configs()))), str(len(list(w.configs(full=True)))), grid, w.description)
     Console().print(table)
     for name, why in sorted(registry.broken.items()):
         console.print(f"[red]could not load {name}[/red]: {why}")

@@ -3,18 +3,32 @@ run form in the Prefect UI). Bounds are enforced here, before any measuring."""
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .results import DEFAULT_MODES, MeasureSettings, Mode
 from .variants import VariantName
-from .workload import DTYPES, MAX_BATCH_SIZE, BenchConfig, Registry, expand
+from .workload import DTYPES, MAX_BATCH_SIZE, BenchConfig, Registry, WorkloadError, expand
 
 DType = Literal[DTYPES]  # type: ignore[valid-type]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH_SIZE)]
 SizeValue = Union[int, float, str]
 MIN_EFFECT = 0.05
+
+
+MAX_CONFIGS_VARIABLE = "REPLAYBENCH_MAX_CONFIGS"
+
+
+def max_configs() -> int:
+    """The most configs one run may measure: the operator's to set, in the environment of the CLI,
+    worker or serve process; a form or a deployment parameter cannot raise it."""
+    value = os.environ.get(MAX_CONFIGS_VARIABLE, "500")
+    try:
+        return max(int(value), 1)
+    except ValueError:
+        raise WorkloadError(f"${MAX_CONFIGS_VARIABLE} must be a whole number, not {value!r}") from None
 
 
 class Selection(BaseModel):
@@ -28,7 +42,9 @@ class Selection(BaseModel):
     batch_sizes: list[BatchSize] = Field(default_factory=list, description="narrow to these batch sizes")
     dtypes: list[DType] = Field(default_factory=list, description="narrow to these dtypes")
     sizes: dict[str, list[SizeValue]] = Field(
-        default_factory=dict, description="narrow other grid keys, e.g. {\"width\": [128]}"
+        default_factory=dict,
+        description="narrow other grid keys to values among those each workload declares "
+                    "(`replaybench workloads` lists them), e.g. {\"width\": [128]}",
     )
     full_grid: bool = Field(False, description="each workload's full grid instead of its default grid")
     modes: list[Mode] = Field(default_factory=lambda: list(DEFAULT_MODES), min_length=1)
@@ -49,7 +65,12 @@ class Selection(BaseModel):
 
     def configs(self, registry: Registry) -> list[BenchConfig]:
         narrow = {"batch_size": self.batch_sizes, "dtype": self.dtypes, **self.sizes}
-        return expand(registry, self.workloads or None, narrow, full=self.full_grid)
+        configs = expand(registry, self.workloads or None, narrow, full=self.full_grid)
+        limit = max_configs()
+        if len(configs) > limit:
+            raise WorkloadError(f"the selection holds {len(configs)} configs, more than the {limit} a run may measure "
+                                f"(${MAX_CONFIGS_VARIABLE}, set where the runs are measured)")
+        return configs
 
 
 class RunParameters(Selection):

@@ -55,10 +55,11 @@ def check_writable(directory: Path, create: bool = True) -> Path:
 # -- filters ---------------------------------------------------------------------------------
 def md_cell(text) -> str:
     """Text from workloads or errors, made safe for one markdown table cell: it cannot end the
-    cell, start a new row, or inject HTML."""
+    cell, start a new row, inject HTML, or make a link or an image (no bracket survives)."""
     if text is None:
         return ""
     s = str(text).replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`")
+    s = s.replace("[", "\\[").replace("]", "\\]")
     s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return " ".join(s.split())
 

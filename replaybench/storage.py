@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import time
 from datetime import datetime, timezone
@@ -292,22 +293,29 @@ def _sqlite_pragmas(busy_timeout_s: float):
     return on_connect
 
 
+def without_password(text: str) -> str:
+    """``text`` with the password of any URL in it replaced by ***, however malformed the URL."""
+    return re.sub(r"(://[^/\s:@]*:)[^/\s]*@", r"\1***@", text)
+
+
 class Store:
     def __init__(self, url: str | None = None, migrate: bool = True, busy_timeout_s: float = 30, retry_s: float = 120):
         self.url = database_url(url)
         self.retry_s = retry_s
+        shown = without_password(self.url)
         try:
             parsed = make_url(self.url)
-        except ArgumentError:
-            raise StoreError(f"malformed database URL {self.url!r}") from None
+        except (ArgumentError, ValueError):
+            raise StoreError(f"malformed database URL {shown!r}") from None
         if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
             parent = Path(parsed.database).expanduser().resolve().parent
             if not parent.is_dir():
-                raise StoreError(f"cannot open database {self.url!r}: directory {parent} does not exist")
+                raise StoreError(f"cannot open database {shown!r}: directory {parent} does not exist")
         try:
             self.engine: Engine = create_engine(self.url, pool_pre_ping=True)
-        except (ArgumentError, ImportError, SQLAlchemyError) as exc:
-            raise StoreError(f"cannot use database URL {parsed.render_as_string(hide_password=True)!r}: {exc}") from None
+        except (ArgumentError, ImportError, SQLAlchemyError, ValueError) as exc:
+            why = str(exc).replace(self.url, shown).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StoreError(f"cannot use database URL {shown!r}: {without_password(why)}") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s))
         self.session = sessionmaker(self.engine, expire_on_commit=False)

@@ -96,7 +96,8 @@ class Workload:
         """The configs of this workload's default grid (or full grid), narrowed by ``narrow``.
 
         A narrowing value outside the workload's grid is allowed for batch size and dtype (they are
-        the user's to choose) but must be of the right kind; other keys must name a grid key.
+        the user's to choose) but must be of the right kind; any other key's values must be among
+        those its grid declares (an ad-hoc form must not ask for ten million steps).
         """
         grid = dict(self.grid if full or self.default_grid is None else self.default_grid)
         for key, values in (narrow or {}).items():
@@ -108,6 +109,11 @@ class Workload:
                 values = [check_dtype(v) for v in values]
             elif key == "batch_size":
                 values = [check_batch_size(v) for v in values]
+            else:
+                for value in values:
+                    if value not in self.grid[key] or isinstance(value, bool) != any(isinstance(v, bool) for v in self.grid[key]):
+                        raise WorkloadError(f"{self.name}: {key}={value!r} is not one of its values "
+                                            f"({', '.join(map(str, self.grid[key]))})")
             grid[key] = list(values)
         keys = sorted(grid)
         for combo in itertools.product(*(grid[k] for k in keys)):

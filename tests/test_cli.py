@@ -32,13 +32,19 @@ def replaybench(*args, cwd, env=None):
         (["--db", "sqlite:////no/such/dir/r.db"], "directory /no/such/dir does not exist"),
         (["--db", "::nonsense::"], "malformed database URL"),
         (["--reports", "a_file/reports"], "report directory 'a_file/reports' is not writable"),
+        (["--set", "width=abc"], "seed_mlp: width='abc' is not one of its values (128, 512)"),
+        (["-w", "rnn_unrolled", "--set", "steps=10000000"], "rnn_unrolled: steps=10000000 is not one of its values"),
+        (["--db", "postgres ql://u:pw@h/x"], "malformed database URL 'postgres ql://u:***@h/x'"),
+        (["--db", "postgresql://u:pw@127.0.0.1:notaport/x"], "malformed database URL 'postgresql://u:***@127.0.0.1"),
+        (["--full-grid"], "the selection holds 381 configs, more than the 100 a run may measure"),
     ],
 )
 def test_bad_input_one_line_nonzero_exit_nothing_written(tmp_path, args, message):
     (tmp_path / "a_file").write_text("not a directory")
-    out = replaybench("run", *args, cwd=tmp_path)
+    out = replaybench("run", *args, cwd=tmp_path, env={"REPLAYBENCH_MAX_CONFIGS": "100"})
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+    assert ":pw@" not in out.stderr  # no password in any message
     assert not (tmp_path / "replaybench.db").exists()
     assert not (tmp_path / "reports").exists()
 
@@ -57,8 +63,9 @@ def test_report_prints_a_stored_run(tmp_path):
 
 
 def test_workloads_lists_the_registry(tmp_path):
-    out = replaybench("workloads", cwd=tmp_path)
+    out = replaybench("workloads", cwd=tmp_path, env={"COLUMNS": "200"})
     assert out.returncode == 0 and "seed_mlp" in out.stdout
+    assert "depth: 2, 8, 32, 64" in out.stdout  # the values --set takes
 
 
 @pytest.mark.slow

@@ -68,6 +68,15 @@ def test_md_cell():
     assert md_cell(None) == ""
 
 
+def test_a_cell_cannot_carry_a_link_or_an_image():
+    from markdown_it import MarkdownIt
+
+    hostile = "see [the fix](http://evil.example) ![x](http://evil.example/pixel.png) <http://evil.example> [r]"
+    html = MarkdownIt("commonmark").enable("table").render(f"| a |\n|---|\n| {md_cell(hostile)} |\n")
+    assert "<a " not in html and "<img" not in html
+    assert "see [the fix](http://evil.example)" in html  # the text itself is kept, as text
+
+
 def test_a_user_template_directory_overrides_the_builtin(db_url, tmp_path):
     store, run_id = stored_run(db_url, known_result())
     mine = tmp_path / "mine"
