@@ -352,6 +352,9 @@ def shard(run_id: int, parameters: FlowParameters, configs: list[dict[str, Any]]
             raise WorkloadError(f"{config.workload}: unknown parameter(s) {', '.join(sorted(unknown))}")
         check_batch_size(config.params.get("batch_size"))
         check_dtype(config.params.get("dtype"))
+        for key, value in config.params.items():
+            if key not in ("batch_size", "dtype"):
+                workload.check_declared(key, [value])
     try:
         measure_configs(run_id, selected, parameters, store)
     except WorkerStopping as exc:  # the parent run stores the interruption

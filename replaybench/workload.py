@@ -92,6 +92,13 @@ class Workload:
                         f"workload {self.name!r}: default_grid key {key!r} is not in its grid"
                     )
 
+    def check_declared(self, key: str, values: Sequence[Any]) -> None:
+        """Values of a grid key other than batch size and dtype must be among those the grid declares."""
+        declared = self.grid[key]
+        for value in values:
+            if value not in declared or isinstance(value, bool) != any(isinstance(v, bool) for v in declared):
+                raise WorkloadError(f"{self.name}: {key}={value!r} is not one of its values ({', '.join(map(str, declared))})")
+
     def configs(self, narrow: dict[str, Sequence[Any]] | None = None, full: bool = False):
         """The configs of this workload's default grid (or full grid), narrowed by ``narrow``.
 
@@ -110,10 +117,7 @@ class Workload:
             elif key == "batch_size":
                 values = [check_batch_size(v) for v in values]
             else:
-                for value in values:
-                    if value not in self.grid[key] or isinstance(value, bool) != any(isinstance(v, bool) for v in self.grid[key]):
-                        raise WorkloadError(f"{self.name}: {key}={value!r} is not one of its values "
-                                            f"({', '.join(map(str, self.grid[key]))})")
+                self.check_declared(key, values)
             grid[key] = list(values)
         keys = sorted(grid)
         for combo in itertools.product(*(grid[k] for k in keys)):
