@@ -68,7 +68,7 @@ def stored_results(db: Path) -> int:
         return 0
 
 
-def start_run(tmp_path: Path, extra_env: dict | None = None) -> subprocess.Popen:
+def start_run(tmp_path: Path, extra_env: dict | None = None, command: tuple[str, ...] = ("run",)) -> subprocess.Popen:
     (tmp_path / "user").mkdir(exist_ok=True)
     (tmp_path / "user" / "steady.py").write_text(WORKLOAD)
     env = {**os.environ, "REPLAYBENCH_WORKLOADS_PATH": str(tmp_path / "user"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -76,7 +76,7 @@ def start_run(tmp_path: Path, extra_env: dict | None = None) -> subprocess.Popen
     if not extra_env or "PREFECT_API_URL" not in extra_env:
         env.pop("PREFECT_API_URL", None)
     return subprocess.Popen(
-        [sys.executable, "-m", "replaybench.cli", "run", "-w", "steady", "--processes", "2", "--time-budget", "2"],
+        [sys.executable, "-m", "replaybench.cli", *command, "-w", "steady", "--processes", "2", "--time-budget", "2"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
 
@@ -136,6 +136,15 @@ def test_sigterm_to_the_main_process_stops_the_run_as_a_scheduler_would(tmp_path
     exited_s, err, started = interrupt_after_first_result(tmp_path, proc, [(signal.SIGTERM, False)])
     assert proc.returncode == 143
     check_interrupted_run(tmp_path, err, exited_s, started)
+
+
+def test_ctrl_c_stops_an_ab_run_the_same_way(tmp_path):
+    (tmp_path / "variants.toml").write_text("[variants.a]\n[variants.b]\n")
+    proc = start_run(tmp_path, command=("ab", "a", "b", "--variants", "variants.toml"))
+    exited_s, err, started = interrupt_after_first_result(tmp_path, proc, [(signal.SIGINT, True)])
+    assert proc.returncode == 130
+    check_interrupted_run(tmp_path, err, exited_s, started)
+    assert Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run().trigger == "ab"
 
 
 def test_a_second_ctrl_c_exits_at_once(tmp_path):
