@@ -23,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import TerminationSignal
-from prefect.runtime import flow_run
+from prefect.runtime import deployment, flow_run
 from prefect.states import Cancelled, Cancelling
 from pydantic import Field
 
@@ -57,6 +57,8 @@ class FlowParameters(RunParameters):
 
 # Set by the CLI to draw a progress bar: called with (configs done, configs in all, one-line result).
 progress_hook: Callable[[int, int, str], None] | None = None
+# Set by the CLI (`replaybench run --trigger`): the trigger of a run started without a deployment.
+cli_trigger: Trigger = "cli"
 # Set by the CLI: called with the signal's name once a run is stored as interrupted.
 interrupt_hook: Callable[[str], None] | None = None
 # Set by the CLI: called with the run id once a run is stored and its report written, before the
@@ -146,15 +148,25 @@ def measure_configs(run_id: int, configs: list[BenchConfig], parameters: RunPara
                 check_stop()
 
 
-@flow(name="replaybench", flow_run_name="replaybench-{trigger}")
+def run_trigger() -> Trigger:
+    """What started this run: 'nightly' for the nightly deployment's flow runs, 'adhoc' for any
+    other deployment's, ``cli_trigger`` when called directly (the CLI). Never a parameter: a form
+    must not be able to label its run nightly and so enter the nightly history."""
+    name = deployment.name
+    if name is None:
+        return cli_trigger
+    return "nightly" if name == "nightly" else "adhoc"
+
+
+@flow(name="replaybench", flow_run_name=lambda: f"replaybench-{run_trigger()}")
 def benchmark(
     parameters: FlowParameters = FlowParameters(),
-    trigger: Trigger = "adhoc",
     shards: Annotated[int, Field(ge=1, le=64, description="split the suite over this many shard flow runs")] = 1,
 ) -> int:
     """Measure eager vs CUDA graph replay for the selected workloads; returns the run id."""
     if stopping := refuse_when_stopping():
         return stopping
+    trigger = run_trigger()
     logger = get_run_logger()
     configs = parameters.configs(load_registry())  # bad input fails here, before any measuring
     directory = check_writable(reports_dir())

@@ -21,13 +21,12 @@ def deployments(cron: str = NIGHTLY_CRON, timezone: str = TIMEZONE, shards: int 
         benchmark.to_deployment(
             name="nightly",
             schedules=[Cron(cron, timezone=timezone)],
-            parameters={"trigger": "nightly", "shards": shards},
+            parameters={"shards": shards},
             description="The default suite, every night.",
             tags=["replaybench"],
         ),
         benchmark.to_deployment(
             name="adhoc",
-            parameters={"trigger": "adhoc"},
             description="An ad-hoc run: choose workloads, batch sizes, dtypes and modes in the form.",
             tags=["replaybench"],
         ),

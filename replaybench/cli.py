@@ -199,10 +199,9 @@ def cmd_run(args) -> int:
         print(f"run {run_id} {run.status.replace('_', ' ')}: report {path} (also {path.parent / 'latest.md'})")
         return 0 if run.status == "completed" else 1
 
+    flows_benchmark.cli_trigger = args.trigger
     with _measuring(args.db, len(configs), finished):
-        run_id = flows_benchmark.benchmark(
-            parameters=flows_benchmark.FlowParameters(**parameters.model_dump()), trigger=args.trigger
-        )
+        run_id = flows_benchmark.benchmark(parameters=flows_benchmark.FlowParameters(**parameters.model_dump()))
     return finished(run_id)
 
 

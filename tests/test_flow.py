@@ -28,10 +28,10 @@ def settings(db_url, tmp_path, monkeypatch):
 def test_flow_measures_stores_and_reports(harness, settings):
     db_url, reports = settings
     params = RunParameters(workloads=["seed_mlp"], time_budget_s=0.3, min_units=6)
-    run_id = benchmark(parameters=params, trigger="adhoc")
+    run_id = benchmark(parameters=params)
 
     run = Store(db_url).run(run_id)
-    assert run.trigger == "adhoc" and run.status == "completed" and run.flow_run_id
+    assert run.trigger == "cli" and run.status == "completed" and run.flow_run_id  # no deployment
     assert run.torch_version and run.python_version and run.host
     by_mode = {r.mode: r for r in run.results}
     assert by_mode["eager"].status == "ok" and by_mode["eager"].throughput_s > 0
@@ -50,7 +50,7 @@ def test_flow_measures_stores_and_reports(harness, settings):
 def test_flow_rejects_an_unknown_workload_before_writing_anything(harness, settings):
     db_url, reports = settings
     with pytest.raises(Exception, match=r"workloads.0: Input should be .*'seed_mlp'"):  # not a registered workload
-        benchmark(parameters={"workloads": ["nope"]}, trigger="adhoc")
+        benchmark(parameters={"workloads": ["nope"]})
     assert not (reports / "latest.md").exists()
     assert Store(db_url).runs() == []
 
@@ -59,6 +59,6 @@ def test_a_missing_gpu_limit_is_an_error_not_a_free_for_all(harness, settings, m
     db_url, _ = settings
     monkeypatch.setenv("REPLAYBENCH_GPU_LIMIT", "replaybench-gpu-nowhere-9")
     with pytest.raises(Exception, match="replaybench-gpu-nowhere-9"):
-        benchmark(parameters=RunParameters(workloads=["seed_mlp"], time_budget_s=0.2, processes=1), trigger="adhoc")
+        benchmark(parameters=RunParameters(workloads=["seed_mlp"], time_budget_s=0.2, processes=1))
     run = Store(db_url).run()
     assert run.status == "failed" and run.results == []

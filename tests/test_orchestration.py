@@ -88,6 +88,23 @@ def test_the_server_refuses_out_of_range_parameters(served, parameters):
             client.create_flow_run_from_deployment(deployment.id, parameters={"parameters": parameters})
 
 
+def test_an_adhoc_run_cannot_label_itself_nightly(served):
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    api, work = served
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("replaybench/adhoc")
+    assert "trigger" not in deployment.parameter_openapi_schema["properties"]  # not in the form
+    # Through the API, past the form: the flow takes no such parameter, and whatever it does, no
+    # run of that flow run is stored as nightly.
+    flow_run = run_deployment("replaybench/adhoc", timeout=300, poll_interval=1, parameters={
+        "trigger": "nightly", "parameters": {"workloads": ["seed_mlp"], "time_budget_s": 0.3, "processes": 1}})
+    assert flow_run.state.is_final(), flow_run.state
+    stored = [r for r in Store(f"sqlite:///{work / 'replaybench.db'}").runs(100) if r.flow_run_id == str(flow_run.id)]
+    assert all(r.trigger == "adhoc" for r in stored)
+
+
 def test_nightly_is_scheduled_at_two_in_the_configured_timezone(served):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
