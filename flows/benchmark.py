@@ -12,6 +12,7 @@ takes part; the parent waits for them and renders one report covering every shar
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import time
@@ -37,7 +38,7 @@ from replaybench.storage import Store
 from replaybench.summary import one_line
 from replaybench.verdicts import CONFIRMATIONS, acknowledge, judge_run, store_verdicts
 from replaybench.worker import MeasuringPool
-from replaybench.workload import BenchConfig, WorkloadError, check_batch_size, check_dtype, load_registry
+from replaybench.workload import BenchConfig, load_registry
 
 Trigger = Literal["nightly", "adhoc", "cli"]
 GPU_LIMIT_VARIABLE = "REPLAYBENCH_GPU_LIMIT"
@@ -179,7 +180,7 @@ def benchmark(
     error = None
     try:
         if shards > 1:
-            error = run_shards(run_id, configs, parameters, shards)
+            error = run_shards(run_id, configs, parameters, shards, store)
         else:
             measure_configs(run_id, configs, parameters, store)
         confirm(run_id, parameters, store)
@@ -290,7 +291,7 @@ def split(configs: list[BenchConfig], shards: int) -> list[list[BenchConfig]]:
     return [s for s in (configs[i::shards] for i in range(shards)) if s]
 
 
-def run_shards(run_id: int, configs: list[BenchConfig], parameters: RunParameters, shards: int) -> str | None:
+def run_shards(run_id: int, configs: list[BenchConfig], parameters: RunParameters, shards: int, store: Store) -> str | None:
     """Start one shard flow run per shard on the work pool, wait for all; returns an error naming
     the shards that did not complete, or None."""
     from prefect.client.orchestration import get_client
@@ -300,13 +301,11 @@ def run_shards(run_id: int, configs: list[BenchConfig], parameters: RunParameter
     queues = gpu_queues()
     started = []
     for index, shard in enumerate(split(configs, shards)):
+        token = secrets.token_urlsafe(16)
+        store.add_shard(run_id, token, [{"workload": c.workload, "params": c.params} for c in shard])
         run = run_deployment(
             SHARD_DEPLOYMENT,
-            parameters={
-                "run_id": run_id,
-                "parameters": parameters.model_dump(mode="json"),
-                "configs": [{"workload": c.workload, "params": c.params} for c in shard],
-            },
+            parameters={"run_id": run_id, "token": token},
             flow_run_name=f"shard-{index + 1}-of-{shards}-run-{run_id}",
             work_queue_name=queues[index % len(queues)] if queues else None,
             timeout=0,  # start it and go on; all shards run at once on the pool's workers
@@ -350,28 +349,20 @@ def gpu_queues() -> list[str]:
 
 
 @flow(name="replaybench-shard")
-def shard(run_id: int, parameters: FlowParameters, configs: list[dict[str, Any]]) -> int:
-    """Measure a share of a run's configs into that run (started by ``benchmark`` with shards)."""
+def shard(run_id: int, token: Annotated[str, Field(max_length=64)]) -> int:
+    """Measure a share of a running run's configs into that run: the share its parent recorded
+    under ``token`` (``run_shards``), with the run's own parameters; claimed once, so that no form
+    can add rows to a run or measure anything its parent did not hand out."""
     if stopping := refuse_when_stopping():
         return stopping
-    registry = load_registry()
     store = Store()
-    selected = [BenchConfig(c["workload"], c["params"]) for c in configs]
-    for config in selected:  # refuse anything but registered workloads and valid grid points
-        workload = registry.get(config.workload)
-        unknown = set(config.params) - set(workload.grid)
-        if unknown:
-            raise WorkloadError(f"{config.workload}: unknown parameter(s) {', '.join(sorted(unknown))}")
-        check_batch_size(config.params.get("batch_size"))
-        check_dtype(config.params.get("dtype"))
-        for key, value in config.params.items():
-            if key not in ("batch_size", "dtype"):
-                workload.check_declared(key, [value])
+    stored, configs = store.claim_shard(run_id, token)
+    parameters = FlowParameters(**{k: v for k, v in stored.items() if k in FlowParameters.model_fields})
     try:
-        measure_configs(run_id, selected, parameters, store)
+        measure_configs(run_id, [BenchConfig(c["workload"], c["params"]) for c in configs], parameters, store)
     except WorkerStopping as exc:  # the parent run stores the interruption
         return Cancelled(message=str(exc))
-    return len(selected)
+    return len(configs)
 
 
 RegressionId = Annotated[str, Field(pattern=r"^[0-9]{1,12}:[A-Za-z_]{1,64}$",

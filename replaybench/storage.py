@@ -31,6 +31,9 @@ DEFAULT_URL = "sqlite:///replaybench.db"
 TRIGGERS = ("nightly", "adhoc", "cli", "shard", "ab")
 
 
+SHARDS_PENDING = "shards_pending"  # in a sharded run's parameters: token -> configs not yet claimed
+
+
 class StoreError(RuntimeError):
     """The database cannot be used; the message says which URL and why, in one line."""
 
@@ -348,6 +351,25 @@ class Store:
     def set_environment(self, run_id: int, environment: dict[str, Any]) -> None:
         with self.session.begin() as s:
             _apply_environment(s.get(Run, run_id), environment)
+
+    def add_shard(self, run_id: int, token: str, configs: list[dict[str, Any]]) -> None:
+        """Record a share of a running run's configs that a shard flow run may claim, once, by ``token``."""
+        with self.session.begin() as s:
+            run = s.get(Run, run_id)
+            pending = {**(run.parameters or {}).get(SHARDS_PENDING, {}), token: configs}
+            run.parameters = {**(run.parameters or {}), SHARDS_PENDING: pending}
+
+    def claim_shard(self, run_id: int, token: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """(the run's parameters, the configs recorded under ``token``), once, while the run is
+        running; anything else is refused: a shard measures only what its parent handed out."""
+        with self.session.begin() as s:
+            run = s.get(Run, run_id)
+            pending = dict((run.parameters or {}).get(SHARDS_PENDING, {})) if run is not None else {}
+            if run is None or run.status != "running" or token not in pending:
+                raise StoreError(f"run {run_id} is not a running run that handed out this shard")
+            configs = pending.pop(token)
+            run.parameters = {**run.parameters, SHARDS_PENDING: pending}
+            return run.parameters, configs
 
     def set_flow_run(self, run_id: int, flow_run_id: str | None) -> None:
         with self.session.begin() as s:

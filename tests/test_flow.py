@@ -62,3 +62,26 @@ def test_a_missing_gpu_limit_is_an_error_not_a_free_for_all(harness, settings, m
         benchmark(parameters=RunParameters(workloads=["seed_mlp"], time_budget_s=0.2, processes=1))
     run = Store(db_url).run()
     assert run.status == "failed" and run.results == []
+
+
+def test_a_shard_measures_only_what_a_running_run_handed_out_and_only_once(harness, settings):
+    from flows.benchmark import shard
+    from replaybench.storage import StoreError
+
+    db_url, _ = settings
+    store = Store(db_url)
+    params = {"workloads": ["seed_mlp"], "time_budget_s": 0.2, "processes": 1, "shards": 2}
+    finished = store.create_run("nightly", params)
+    store.add_shard(finished, "old", [{"workload": "seed_mlp", "params": {"batch_size": 1, "dtype": "float32", "width": 128}}])
+    store.finish_run(finished)
+    with pytest.raises(StoreError, match=f"run {finished} is not a running run that handed out this shard"):
+        shard(run_id=finished, token="old")  # a past run: no rows added to it
+
+    running = store.create_run("nightly", params)
+    store.add_shard(running, "mine", [{"workload": "seed_mlp", "params": {"batch_size": 1, "dtype": "float32", "width": 128}}])
+    with pytest.raises(StoreError, match="not a running run that handed out this shard"):
+        shard(run_id=running, token="forged")
+    assert shard(run_id=running, token="mine") == 1
+    with pytest.raises(StoreError, match="not a running run that handed out this shard"):
+        shard(run_id=running, token="mine")  # claimed once
+    assert [len(Store(db_url).run(r).results) for r in (finished, running)] == [0, 2]  # eager and graph rows
