@@ -159,7 +159,13 @@ def run_trigger() -> Trigger:
     return "nightly" if name == "nightly" else "adhoc"
 
 
-@flow(name="replaybench", flow_run_name=lambda: f"replaybench-{run_trigger()}")
+def run_name() -> str:
+    """A deployment's flow run keeps the name it was given (typed in the run form, or Prefect's
+    own); a run started without one (the CLI) is named for its trigger."""
+    return flow_run.name if deployment.name else f"replaybench-{cli_trigger}"
+
+
+@flow(name="replaybench", flow_run_name=run_name)
 def benchmark(
     parameters: FlowParameters = FlowParameters(),
     shards: Annotated[int, Field(ge=1, le=64, description="split the suite over this many shard flow runs")] = 1,

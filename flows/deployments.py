@@ -22,7 +22,7 @@ def deployments(cron: str = NIGHTLY_CRON, timezone: str = TIMEZONE, shards: int 
             name="nightly",
             schedules=[Cron(cron, timezone=timezone)],
             parameters={"shards": shards},
-            description="The default suite, every night.",
+            description=f"The default suite, every night: cron `{cron}` in the {timezone} timezone.",
             tags=["replaybench"],
         ),
         benchmark.to_deployment(

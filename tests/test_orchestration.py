@@ -105,6 +105,17 @@ def test_an_adhoc_run_cannot_label_itself_nightly(served):
     assert all(r.trigger == "adhoc" for r in stored)
 
 
+def test_a_run_keeps_the_name_typed_in_the_form(served):
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    flow_run = run_deployment("replaybench/adhoc", flow_run_name="bisect-torch-2.12", timeout=300, poll_interval=1,
+                              parameters={"parameters": {"workloads": ["seed_mlp"], "time_budget_s": 0.3, "processes": 1}})
+    assert flow_run.state.is_completed(), flow_run.state
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run.id).name == "bisect-torch-2.12"
+
+
 def test_nightly_is_scheduled_at_two_in_the_configured_timezone(served):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId, FlowRunFilter, FlowRunFilterState, FlowRunFilterStateType
@@ -114,6 +125,7 @@ def test_nightly_is_scheduled_at_two_in_the_configured_timezone(served):
         nightly = client.read_deployment_by_name("replaybench/nightly")
         (schedule,) = nightly.schedules
         assert (schedule.schedule.cron, schedule.schedule.timezone) == ("0 2 * * *", "Europe/Berlin")
+        assert "Europe/Berlin" in nightly.description  # shown on the deployment's page
         deadline = time.monotonic() + 60
         runs = []
         while not runs and time.monotonic() < deadline:
