@@ -29,12 +29,14 @@ def prefect_server(home, extra_env: dict | None = None):
         "PREFECT_HOME": str(home),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_API_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
+        # The port as the README sets it: `--port` alone leaves the UI calling port 4200.
+        "PREFECT_SERVER_API_PORT": str(port),
         **(extra_env or {}),
     }
     env.pop("PREFECT_API_URL", None)
     log = open(os.path.join(home, "server.log"), "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1"],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}/api"
@@ -51,6 +53,8 @@ def prefect_server(home, extra_env: dict | None = None):
             time.sleep(0.5)
         else:
             raise RuntimeError("prefect server did not start within 120 s")
+        if "PREFECT_UI_API_URL" not in env:  # the UI in a browser calls this server, not another port
+            assert httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()["api_url"] == url
         PROCESSES[url] = proc
         yield url
     finally:
