@@ -16,7 +16,7 @@ import secrets
 import signal
 import socket
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, contextmanager
 from typing import Annotated, Any, Callable, Literal
 
 from prefect import flow, get_run_logger, task
@@ -43,6 +43,7 @@ from replaybench.workload import BenchConfig, load_registry
 Trigger = Literal["nightly", "adhoc", "cli"]
 GPU_LIMIT_VARIABLE = "REPLAYBENCH_GPU_LIMIT"
 POOL_VARIABLE = "REPLAYBENCH_POOL"
+NIGHTLY_GPU_WAIT_VARIABLE = "REPLAYBENCH_NIGHTLY_GPU_WAIT_S"
 GPU_QUEUE_PREFIX = "gpu-"
 SHARD_DEPLOYMENT = "replaybench-shard/shard"
 
@@ -128,17 +129,42 @@ def gpu_label(environment: dict) -> str | None:
     return f"{environment.get('host') or socket.gethostname()} GPU {index}" + (f" ({uuid})" if uuid else "")
 
 
-def gpu_lock():
+def nightly_gpu_wait_s() -> float:
+    """How long a nightly run waits for its GPU behind other runs before it fails: the operator's
+    ``$REPLAYBENCH_NIGHTLY_GPU_WAIT_S`` (default 3 hours). Ad-hoc runs wait until cancelled."""
+    value = os.environ.get(NIGHTLY_GPU_WAIT_VARIABLE, str(3 * 3600))
+    try:
+        return max(float(value), 1.0)
+    except ValueError:
+        raise ValueError(f"${NIGHTLY_GPU_WAIT_VARIABLE} must be a number of seconds, not {value!r}") from None
+
+
+@contextmanager
+def gpu_lock(trigger: str = "adhoc"):
     """Exclusive use of this worker's GPU across every worker, run and person: a global concurrency
     limit of 1 named by the worker (see ``replaybench worker``); strict, so a missing limit is an
-    error rather than a silent free-for-all. Without a worker (the CLI), no lock."""
+    error rather than a silent free-for-all. Without a worker (the CLI), no lock. A nightly run
+    waits at most ``nightly_gpu_wait_s`` for it, then fails saying so."""
     name = os.environ.get(GPU_LIMIT_VARIABLE)
-    return concurrency(name, occupy=1, strict=True, timeout_seconds=None) if name else nullcontext()
+    with ExitStack() as held:
+        if name:
+            wait = nightly_gpu_wait_s() if trigger == "nightly" else None
+            try:
+                held.enter_context(concurrency(name, occupy=1, strict=True, timeout_seconds=wait))
+            except TimeoutError:
+                raise GPUBusy(f"the GPU ({name}) stayed busy with other runs for {wait:.0f} s "
+                              f"(${NIGHTLY_GPU_WAIT_VARIABLE}); this nightly run measured nothing") from None
+        yield
 
 
-def measure_configs(run_id: int, configs: list[BenchConfig], parameters: RunParameters, store: Store) -> None:
+class GPUBusy(RuntimeError):
+    pass
+
+
+def measure_configs(run_id: int, configs: list[BenchConfig], parameters: RunParameters, store: Store,
+                    trigger: str = "adhoc") -> None:
     logger = get_run_logger()
-    with gpu_lock(), MeasuringPool(parameters.processes, parameters.timeout_s) as pool:
+    with gpu_lock(trigger), MeasuringPool(parameters.processes, parameters.timeout_s) as pool:
         store.set_environment(run_id, pool.environment)
         settings = parameters.measure_settings()
         for done, config in enumerate(configs, 1):
@@ -188,7 +214,7 @@ def benchmark(
         if shards > 1:
             error = run_shards(run_id, configs, parameters, shards, store)
         else:
-            measure_configs(run_id, configs, parameters, store)
+            measure_configs(run_id, configs, parameters, store, trigger)
         confirm(run_id, parameters, store)
     except BaseException as exc:
         if cancelled := end_run(store, run_id, exc):
@@ -254,7 +280,7 @@ def confirm(run_id: int, parameters: RunParameters, store: Store) -> None:
                 run_id, len(configs), CONFIRMATIONS)
     settings = parameters.measure_settings()
     for repeat in range(1, CONFIRMATIONS + 1):
-        with gpu_lock(), MeasuringPool(parameters.processes, parameters.timeout_s) as pool:
+        with gpu_lock(run.trigger), MeasuringPool(parameters.processes, parameters.timeout_s) as pool:
             for config in configs:
                 result = pool.measure(config, settings)
                 store.add_result(run_id, result, gpu=gpu_label(pool.environment), repeat=repeat)
@@ -365,7 +391,8 @@ def shard(run_id: int, token: Annotated[str, Field(max_length=64)]) -> int:
     stored, configs = store.claim_shard(run_id, token)
     parameters = FlowParameters(**{k: v for k, v in stored.items() if k in FlowParameters.model_fields})
     try:
-        measure_configs(run_id, [BenchConfig(c["workload"], c["params"]) for c in configs], parameters, store)
+        measure_configs(run_id, [BenchConfig(c["workload"], c["params"]) for c in configs], parameters, store,
+                        store.run(run_id).trigger)
     except WorkerStopping as exc:  # the parent run stores the interruption
         return Cancelled(message=str(exc))
     return len(configs)

@@ -85,3 +85,22 @@ def test_a_shard_measures_only_what_a_running_run_handed_out_and_only_once(harne
     with pytest.raises(StoreError, match="not a running run that handed out this shard"):
         shard(run_id=running, token="mine")  # claimed once
     assert [len(Store(db_url).run(r).results) for r in (finished, running)] == [0, 2]  # eager and graph rows
+
+
+def test_a_nightly_run_waits_for_a_busy_gpu_only_so_long_then_fails_saying_so(harness, settings, monkeypatch):
+    import flows.benchmark as flows_benchmark
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+
+    db_url, _ = settings
+    name = "replaybench-gpu-test-busy-0"
+    with get_client(sync_client=True) as client:
+        client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+    monkeypatch.setenv("REPLAYBENCH_GPU_LIMIT", name)
+    monkeypatch.setenv("REPLAYBENCH_NIGHTLY_GPU_WAIT_S", "2")
+    monkeypatch.setattr(flows_benchmark, "cli_trigger", "nightly")
+    with concurrency(name, occupy=1, strict=True):  # another run holds the GPU
+        with pytest.raises(Exception, match=f"the GPU \\({name}\\) stayed busy with other runs for 2 s"):
+            benchmark(parameters=RunParameters(workloads=["seed_mlp"], time_budget_s=0.2, processes=1))
+    run = Store(db_url).run()
+    assert run.trigger == "nightly" and run.status == "failed" and "stayed busy" in run.error and run.results == []
