@@ -7,6 +7,8 @@ Three plots of the CUDA graph replay speedup over eager (``mode == 'graph'`` row
   with the rows' 95% intervals as error bars.
 * ``<run id>-speedup-vs-kernels.png``: speedup against the kernels launched per iteration (log
   axis), one marker and colour per workload, a line at 1x (no gain).
+* ``<run id>-eager-trend.png``, only where the run measured no speedup (a host without CUDA):
+  each config's eager time per call over the store's runs, drawn as the trend below.
 * ``<run id>-trend.png``: each config's speedup over the store's runs up to this one, by the run's
   start date, with the verdicts stored for its graph rows (``replaybench.verdicts``, judged on graph
   replay time and GPU time): FASTER nights marked by green up-triangles, SLOWER nights by red
@@ -57,6 +59,7 @@ DPI = 100
 TREND_LIMIT = 12  # configs drawn on the trend plot: those with the most history
 MARKERS = "os^DvPX*<>hp"
 SPEEDUP_LABEL = "speedup: eager time / graph time (×)"
+EAGER_LABEL = "eager time per call (us)"
 
 
 class BatchPoint(NamedTuple):
@@ -76,8 +79,8 @@ class KernelPoint(NamedTuple):
 
 class TrendPoint(NamedTuple):
     run_id: int
-    speedup: float
-    verdict: Verdict | None  # as stored for the graph row; None where none was
+    value: float  # the graph speedup, or eager seconds per call (an eager trend)
+    verdict: Verdict | None  # as stored for the row; None where none was
     started_at: datetime | None
     ci_low: float | None = None
     ci_high: float | None = None
@@ -119,11 +122,12 @@ def _usable(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
-def _graph_rows(run: Run) -> list[Result]:
-    """The run's graph rows measured ok with a speedup, one per config (the last if repeated)."""
+def _graph_rows(run: Run, mode: str = "graph") -> list[Result]:
+    """The run's graph rows measured ok with a speedup (eager rows with a time per call, for
+    ``mode='eager'``), one per config (the last if repeated)."""
     rows: dict[tuple[str, str], Result] = {}
     for r in sorted(run.results, key=lambda r: r.id or 0):
-        if r.mode == "graph" and r.status == "ok" and _usable(r.speedup):
+        if r.mode == mode and r.status == "ok" and _usable(r.speedup if mode == "graph" else r.throughput_s):
             rows[(r.workload, r.params_key)] = r
     return sorted(rows.values(), key=lambda r: (r.workload, r.params_key))
 
@@ -168,12 +172,12 @@ def kernel_series(run: Run) -> dict[str, list[KernelPoint]]:
     return {w: sorted(ps) for w, ps in sorted(series.items())}
 
 
-def trend_series(store: Store, run: Run, limit: int | None = TREND_LIMIT) -> dict[str, list[TrendPoint]]:
-    """Label -> each night's graph speedup of one config measured ok in ``run``, over the store's
-    runs with id <= ``run.id`` (ordered by run id), with the verdict of ``judge_series`` on that
-    night (higher is better; each run's environment key). Only the ``limit`` configs with the most
-    nights (ties: spread over the workloads), in order of workload and parameters key."""
-    return _trend(store, run, limit)[0]
+def trend_series(store: Store, run: Run, limit: int | None = TREND_LIMIT, mode: str = "graph") -> dict[str, list[TrendPoint]]:
+    """Label -> each night's graph speedup of one config measured ok in ``run`` (its eager time per
+    call, for ``mode='eager'``), over the store's runs with id <= ``run.id`` (ordered by run id),
+    with the verdict stored for that night's row. Only the ``limit`` configs with the most nights
+    (ties: spread over the workloads), in order of workload and parameters key."""
+    return _trend(store, run, limit, mode)[0]
 
 
 def _longest(nights: dict[tuple[str, str], int], limit: int | None) -> list[tuple[str, str]]:
@@ -187,16 +191,17 @@ def _longest(nights: dict[tuple[str, str], int], limit: int | None) -> list[tupl
     return sorted(chosen if limit is None else chosen[:limit])
 
 
-def _trend(store: Store, run: Run, limit: int | None) -> tuple[dict[str, list[TrendPoint]], int]:
+def _trend(store: Store, run: Run, limit: int | None, mode: str = "graph") -> tuple[dict[str, list[TrendPoint]], int]:
     """trend_series, and the number of configs there were before the limit."""
-    current = _graph_rows(run)
+    current = _graph_rows(run, mode)
     if not current:
         return {}, 0
     configs = {(r.workload, r.params_key): r.params or {} for r in current}
-    # Graph rows measured ok, up to this run, with a finite positive speedup (_usable, in SQL:
-    # NULL fails both comparisons, NaN at least one: PostgreSQL sorts it above infinity).
-    graph_ok = (Result.run_id <= run.id, Result.mode == "graph", Result.status == "ok",
-                Result.speedup > 0, Result.speedup < math.inf)
+    value, low, high = ((Result.speedup, Result.speedup_ci_low, Result.speedup_ci_high) if mode == "graph" else
+                        (Result.throughput_s, Result.throughput_ci_low, Result.throughput_ci_high))
+    # Rows measured ok, up to this run, with a finite positive figure (_usable, in SQL: NULL fails
+    # both comparisons, NaN at least one: PostgreSQL sorts it above infinity).
+    graph_ok = (Result.run_id <= run.id, Result.mode == mode, Result.status == "ok", value > 0, value < math.inf)
     with store.session() as s:
         counted = s.execute(
             select(Result.workload, Result.params_key, func.count(distinct(Result.run_id)))
@@ -209,7 +214,7 @@ def _trend(store: Store, run: Run, limit: int | None) -> tuple[dict[str, list[Tr
         history: dict[tuple[str, str], dict[int, tuple]] = {}
         for workload, key in chosen:  # each a short range of the index ix_results_history
             rows = s.execute(
-                select(Result.run_id, Result.speedup, Result.speedup_ci_low, Result.speedup_ci_high, Run.started_at,
+                select(Result.run_id, value, low, high, Run.started_at,
                        Result.verdict, Result.verdict_reason, Run.gpu_driver, Run.cuda_version, Run.torch_version)
                 .join(Run, Result.run_id == Run.id)
                 .where(*graph_ok, Result.workload == workload, Result.params_key == key)
@@ -334,37 +339,41 @@ def _plot_kernels(run: Run, series: dict[str, list[KernelPoint]], path: Path) ->
     _save(fig, path)
 
 
-def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limited: bool) -> None:
+def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limited: bool, eager: bool = False) -> None:
+    """The speedup trend, or (``eager``) eager time per call in microseconds, where lower is better."""
+    if eager:
+        series = {label: [p._replace(value=p.value * 1e6) for p in ps] for label, ps in series.items()}
     fig, ax = _figure()
     undated = any(p.started_at is None for ps in series.values() for p in ps)
     x = (lambda p: p.run_id) if undated else (lambda p: p.started_at)
     env_changes, marked = set(), set()
     for i, (label, ps) in enumerate(series.items()):
         st = _style(i)
-        ax.plot([x(p) for p in ps], [p.speedup for p in ps], label=label, color=st["color"], linestyle=st["linestyle"],
+        ax.plot([x(p) for p in ps], [p.value for p in ps], label=label, color=st["color"], linestyle=st["linestyle"],
                 marker="." if len(ps) > 1 else "o", markersize=4 if len(ps) > 1 else 6, linewidth=1.2)
         for verdict, marker, color in ((Verdict.FASTER, "^", "tab:green"), (Verdict.SLOWER, "v", "tab:red")):
             hits = [p for p in ps if p.verdict is verdict]
             if hits:
                 marked.add(verdict)
-                ax.scatter([x(p) for p in hits], [p.speedup for p in hits], marker=marker, s=70, color=color,
+                ax.scatter([x(p) for p in hits], [p.value for p in hits], marker=marker, s=70, color=color,
                            edgecolors="black", linewidths=0.6, zorder=5)
         env_changes.update(x(p) for p in ps if p.env_changed)
     for at in sorted(env_changes):
         ax.axvline(at, color="0.5", linestyle=":", linewidth=1.2, zorder=0)
-    values = [p.speedup for ps in series.values() for p in ps]
+    values = [p.value for ps in series.values() for p in ps]
     xs = [x(p) for ps in series.values() for p in ps]
     if min(xs) == max(xs):  # one night: a day either side, not matplotlib's default of years
         ax.set_xlim(xs[0] - (1 if undated else timedelta(days=1)), xs[0] + (1 if undated else timedelta(days=1)))
     low, high = ax.get_ylim()
-    if low <= 1.0 <= high:  # the line of no gain, where it falls within the data's range
+    if not eager and low <= 1.0 <= high:  # the line of no gain, where it falls within the data's range
         ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle="--", zorder=0)
-    if max(values) / min(values) > 3:  # speedups far apart: relative steps look alike on a log axis
+    label = EAGER_LABEL if eager else SPEEDUP_LABEL
+    if max(values) / min(values) > 3:  # figures far apart: relative steps look alike on a log axis
         ax.set_yscale("log")
         _log_ticks(ax.yaxis, values)
-        ylabel = SPEEDUP_LABEL.replace("(×)", "(×, log scale)")
+        ylabel = label.replace(")", ", log scale)")
     else:
-        ylabel = SPEEDUP_LABEL
+        ylabel = label
     if undated:
         ax.set_xlabel("run id")
     else:
@@ -373,7 +382,7 @@ def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limit
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
         ax.set_xlabel("run start date (UTC)")
     ax.set_ylabel(ylabel)
-    what = "nightly CUDA graph replay speedup"
+    what = "eager time per call (no CUDA graph measured)" if eager else "nightly CUDA graph replay speedup"
     if limited:
         what += f" ({len(series)} configs with the longest history)"
     fig.suptitle(_title(run, what), fontsize=11)
@@ -397,22 +406,25 @@ def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limit
 def write_plots(store: Store, run: Run, directory: Path) -> dict[str, str]:
     """Write PNG plots for run `run` beside its report, return {kind: file name relative to directory}.
 
-    Kinds: ``speedup_vs_batch``, ``speedup_vs_kernels``, ``trend``; a plot with nothing to draw
-    (no graph row measured ok with a speedup, no batch size, no kernel count) is not written and
-    not returned."""
+    Kinds: ``speedup_vs_batch``, ``speedup_vs_kernels``, ``trend``, and ``eager_trend`` where no
+    speedup was measured (a host without CUDA); a plot with nothing to draw is not written and not
+    returned."""
     directory = Path(directory)
     written: dict[str, str] = {}
     batches = batch_series(run)
     kernels = kernel_series(run)
     trend, configs = _trend(store, run, TREND_LIMIT)
     limited = configs > len(trend)
-    if not (batches or kernels or trend):
+    # No speedup to follow (a host without CUDA): eager time per call instead.
+    eager, eager_configs = ({}, 0) if trend else _trend(store, run, TREND_LIMIT, "eager")
+    if not (batches or kernels or trend or eager):
         return written
     directory.mkdir(parents=True, exist_ok=True)
     for kind, data, draw, suffix in (
         ("speedup_vs_batch", batches, _plot_batch, "speedup-vs-batch"),
         ("speedup_vs_kernels", kernels, _plot_kernels, "speedup-vs-kernels"),
         ("trend", trend, lambda r, d, p: _plot_trend(r, d, p, limited), "trend"),
+        ("eager_trend", eager, lambda r, d, p: _plot_trend(r, d, p, eager_configs > len(eager), eager=True), "eager-trend"),
     ):
         if data:
             name = f"{run.id}-{suffix}.png"

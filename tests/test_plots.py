@@ -121,7 +121,7 @@ def test_trend_series_marks_the_slowdown_step(db_url):
     first = verdicts.index(Verdict.SLOWER)
     assert 12 < first <= 14, [v and v.value for v in verdicts]  # on the step's second or third night
     assert f"since run {ids[12]}" in stepped[first].reason
-    assert all(p.speedup < 6.0 * 0.93 for p in stepped[12:])
+    assert all(p.value < 6.0 * 0.93 for p in stepped[12:])
     assert not {Verdict.SLOWER, Verdict.FASTER} & {p.verdict for p in flat}
 
 
@@ -132,7 +132,7 @@ def test_trend_series_only_this_runs_configs_earlier_runs_graph_ok_rows(db_url):
     third = add_run(store, [config("mlp", 1, 5.9), config("other", 1, 3.0)], night=2)
     add_run(store, [config("mlp", 1, 1.0)], night=3)  # after the run: not in its trend
     series = trend_series(store, store.run(third))
-    assert {k: [(p.run_id, p.speedup) for p in v] for k, v in series.items()} == {
+    assert {k: [(p.run_id, p.value) for p in v] for k, v in series.items()} == {
         "mlp": [(first, 6.0), (third, 5.9)],
         "other": [(third, 3.0)],
     }
@@ -190,14 +190,20 @@ def test_write_plots_writes_valid_pngs(db_url, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(written.values())  # no temporary files left
 
 
-def test_a_run_without_graph_results_writes_no_plot(db_url, tmp_path):
+def test_a_run_without_graph_results_plots_the_trend_of_eager_time(db_url, tmp_path):
+    """A host without CUDA measures no speedup: its report follows eager time per call instead."""
     store = Store(db_url)
-    add_run(store, [config("mlp", 1, 6.0)], night=0)
-    run_id = add_run(store, [config("mlp", 1, 6.0, graph_ok=False), config("conv", 4, 2.0, graph_ok=False)], night=1)
+    add_run(store, [config("mlp", 1, 6.0)], night=0)  # eager 30 us
+    run_id = add_run(store, [config("mlp", 1, 7.0, graph_ok=False), config("conv", 4, 2.0, graph_ok=False)], night=1)
     run = store.run(run_id)
     assert batch_series(run) == kernel_series(run) == trend_series(store, run) == {}
-    assert write_plots(store, run, tmp_path / "reports") == {}
-    assert not list(tmp_path.glob("**/*.png"))
+    eager = trend_series(store, run, mode="eager")
+    assert {k: [(p.run_id, round(p.value * 1e6, 1)) for p in v] for k, v in eager.items()} == {
+        "conv": [(run_id, 10.0)], "mlp": [(run_id - 1, 30.0), (run_id, 35.0)]}
+    written = write_plots(store, run, tmp_path / "reports")
+    assert written == {"eager_trend": f"{run_id}-eager-trend.png"}
+    assert_png(tmp_path / "reports" / written["eager_trend"])
+    assert not write_plots(store, store.run(run_id - 1), tmp_path / "other").get("eager_trend")  # a speedup there
 
 
 def bulk_history(store, runs=365, configs=100, seed=0):
