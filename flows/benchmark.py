@@ -388,11 +388,10 @@ def shard(run_id: int, token: Annotated[str, Field(max_length=64)]) -> int:
     if stopping := refuse_when_stopping():
         return stopping
     store = Store()
-    stored, configs = store.claim_shard(run_id, token)
+    stored, configs, trigger = store.claim_shard(run_id, token)
     parameters = FlowParameters(**{k: v for k, v in stored.items() if k in FlowParameters.model_fields})
     try:
-        measure_configs(run_id, [BenchConfig(c["workload"], c["params"]) for c in configs], parameters, store,
-                        store.run(run_id).trigger)
+        measure_configs(run_id, [BenchConfig(c["workload"], c["params"]) for c in configs], parameters, store, trigger)
     except WorkerStopping as exc:  # the parent run stores the interruption
         return Cancelled(message=str(exc))
     return len(configs)

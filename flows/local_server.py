@@ -90,9 +90,10 @@ class ServerWatch:
         self._stop.set()
         self._thread.join(timeout=self.interval_s * 2)
 
+    def _ended(self) -> bool:
+        return self.process is not None and self.process.poll() is not None
+
     def _answers(self) -> bool:
-        if self.process is not None and self.process.poll() is not None:
-            return False
         try:
             return httpx.get(self.health, timeout=self.interval_s).status_code == 200
         except httpx.HTTPError:
@@ -101,9 +102,8 @@ class ServerWatch:
     def _watch(self) -> None:
         missed = 0
         while not self._stop.wait(self.interval_s):
-            dead = self.process is not None and self.process.poll() is not None
-            missed = 0 if self._answers() else missed + 1
-            if dead or missed >= self.misses:
+            missed = missed + 1 if self._ended() or not self._answers() else 0
+            if self._ended() or missed >= self.misses:
                 if not self._stop.is_set():
                     self.lost = True
                     self.on_lost()

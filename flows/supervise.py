@@ -60,7 +60,8 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
@@ -91,7 +92,7 @@ def supervise(command: list[str], what: str, now: bool = False) -> int:
         stop_file.write_text(name)
         process.send_signal(signal.SIGSTOP)  # no more flow runs taken; those running go on
         flow_runs = _children(process.pid)  # the flow-run processes it started
-        if not any(_alive(p) for p in flow_runs):
+        if not any(alive(p) for p in flow_runs):
             print(f"{what} stopped ({name})", file=sys.stderr)
             return 0
         if now:
@@ -100,7 +101,7 @@ def supervise(command: list[str], what: str, now: bool = False) -> int:
               + ("stopping now" if now else "finish their current config (a second signal stops them now)"),
               file=sys.stderr, flush=True)
         signalled = len(received)
-        while any(_alive(p) for p in flow_runs):
+        while any(alive(p) for p in flow_runs):
             if len(received) > signalled:
                 signalled = len(received)
                 _kill(flow_runs, signal.SIGTERM if signalled == 2 else signal.SIGKILL)

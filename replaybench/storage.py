@@ -359,9 +359,9 @@ class Store:
             pending = {**(run.parameters or {}).get(SHARDS_PENDING, {}), token: configs}
             run.parameters = {**(run.parameters or {}), SHARDS_PENDING: pending}
 
-    def claim_shard(self, run_id: int, token: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        """(the run's parameters, the configs recorded under ``token``), once, while the run is
-        running; anything else is refused: a shard measures only what its parent handed out."""
+    def claim_shard(self, run_id: int, token: str) -> tuple[dict[str, Any], list[dict[str, Any]], str]:
+        """(the run's parameters, the configs recorded under ``token``, its trigger), once, while the
+        run is running; anything else is refused: a shard measures only what its parent handed out."""
         with self.session.begin() as s:
             run = s.get(Run, run_id)
             pending = dict((run.parameters or {}).get(SHARDS_PENDING, {})) if run is not None else {}
@@ -369,7 +369,7 @@ class Store:
                 raise StoreError(f"run {run_id} is not a running run that handed out this shard")
             configs = pending.pop(token)
             run.parameters = {**run.parameters, SHARDS_PENDING: pending}
-            return run.parameters, configs
+            return run.parameters, configs, run.trigger
 
     def set_flow_run(self, run_id: int, flow_run_id: str | None) -> None:
         with self.session.begin() as s:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from flows.supervise import alive
 from replaybench.storage import Store
 
 from .prefect_server import prefect_server
@@ -52,14 +53,6 @@ def children(pid: int) -> set[int]:
     return found
 
 
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def stored_results(db: Path) -> int:
     try:
         with sqlite3.connect(db, timeout=1) as con:
@@ -81,14 +74,28 @@ def start_run(tmp_path: Path, extra_env: dict | None = None, command: tuple[str,
     )
 
 
+def wait_for_a_stored_config(tmp_path: Path, proc: subprocess.Popen, within_s: float = 240) -> None:
+    deadline = time.monotonic() + within_s
+    while stored_results(tmp_path / "replaybench.db") == 0:
+        assert proc.poll() is None, "it ended before storing a config"
+        assert time.monotonic() < deadline, f"no config stored within {within_s:.0f} s"
+        time.sleep(0.2)
+
+
+def exit_seconds(proc: subprocess.Popen, since: float, within_s: float) -> float:
+    """Seconds from ``since`` until ``proc`` exited; it is killed, and the test fails, past ``within_s``."""
+    try:
+        proc.wait(timeout=within_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"it did not exit within {within_s:.0f} s")
+    return time.monotonic() - since
+
+
 def interrupt_after_first_result(tmp_path: Path, proc: subprocess.Popen, signals: list[tuple[int, bool]]):
     """Wait until a config is stored, then send ``signals`` ((signal, to the process group?), 0.3 s
     apart); returns (seconds from the first signal to exit, stderr, the processes it had started)."""
-    deadline = time.monotonic() + 240
-    while stored_results(tmp_path / "replaybench.db") == 0:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no config stored within 240 s"
-        time.sleep(0.2)
+    wait_for_a_stored_config(tmp_path, proc)
     started = children(proc.pid)
     assert started, "the run has no measuring processes or server"
     sent = time.monotonic()
@@ -178,11 +185,7 @@ LOST = "stopped answering"
 
 def kill_when_a_config_is_stored(tmp_path: Path, proc: subprocess.Popen, kill) -> float:
     """Wait until a config is stored, then ``kill()`` the server; returns when it was killed."""
-    deadline = time.monotonic() + 240
-    while stored_results(tmp_path / "replaybench.db") == 0:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "no config stored within 240 s"
-        time.sleep(0.2)
+    wait_for_a_stored_config(tmp_path, proc)
     kill()
     return time.monotonic()
 
@@ -229,12 +232,7 @@ def test_ctrl_c_after_the_external_server_is_gone_still_exits_within_seconds(tmp
         started = children(proc.pid)
         sent = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail("the run did not exit within 60 s of Ctrl-C")
-        exited_s = time.monotonic() - sent
+        exited_s = exit_seconds(proc, sent, 60)
         reader.join(timeout=5)
         assert proc.returncode == 130
         err = "".join(lines)
@@ -273,18 +271,10 @@ def stop_mid_run(tmp_path: Path, api: str, process: subprocess.Popen, deployment
                 time.sleep(1)
         flow_run = run_deployment(deployment, timeout=0, parameters={
             "parameters": {"workloads": ["steady"], "time_budget_s": 2, "processes": 2}})
-        deadline = time.monotonic() + 240
-        while stored_results(tmp_path / "replaybench.db") == 0:
-            assert process.poll() is None and time.monotonic() < deadline, "no config stored"
-            time.sleep(0.2)
+        wait_for_a_stored_config(tmp_path, process)
         sent = time.monotonic()
         os.kill(process.pid, sig)
-        try:
-            process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            pytest.fail("it did not exit within 120 s of the signal")
-        exited_s = time.monotonic() - sent
+        exited_s = exit_seconds(process, sent, 120)
         state = client.read_flow_run(flow_run.id).state
     return exited_s, state, Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
 
