@@ -1,6 +1,7 @@
 """Deployments: ``nightly`` (cron schedule, the default suite), ``adhoc`` (no schedule, started from
 the Prefect UI's run form), ``shard`` (started by a sharded nightly run), ``ack`` (acknowledge an
-open regression from the UI) and ``ab`` (two variants declared on the host, side by side). ``replaybench serve`` serves them from one process on a single box;
+open regression from the UI), ``ab`` (two variants declared on the host, side by side) and ``plan``
+(which batch sizes to capture for serving a workload). ``replaybench serve`` serves them from one process on a single box;
 ``prefect.yaml`` declares the same for a work pool of GPU workers."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from prefect.schedules import Cron
 
 from flows.ab import ab
 from flows.benchmark import ack, benchmark, shard
+from flows.plan import plan
 
 NIGHTLY_CRON = os.environ.get("REPLAYBENCH_NIGHTLY_CRON", "0 2 * * *")
 TIMEZONE = os.environ.get("REPLAYBENCH_TIMEZONE", "UTC")
@@ -35,4 +37,6 @@ def deployments(cron: str = NIGHTLY_CRON, timezone: str = TIMEZONE, shards: int 
                           tags=["replaybench"]),
         ab.to_deployment(name="ab", description="An A/B run: two variants declared in this host's variants file, "
                                                 "measured side by side; B against A per config.", tags=["replaybench"]),
+        plan.to_deployment(name="plan", description="A capture plan: which batch sizes to capture as CUDA graphs for "
+                                                    "a workload and a traffic, within a graph-memory budget.", tags=["replaybench"]),
     ]

@@ -31,6 +31,7 @@ from rich.table import Table
 from .report import REPORTS_VARIABLE, TEMPLATES_VARIABLE, ReportError, check_writable, reports_dir, write_report
 from .results import MODES
 from .storage import URL_VARIABLE, Store, StoreError
+from .plan import PlanError
 from .variants import DEFAULT_FILE, VARIANTS_VARIABLE, VariantError
 from .workload import DTYPES, WorkloadError, load_registry
 
@@ -96,6 +97,21 @@ def _parser() -> argparse.ArgumentParser:
                     help="an interval holding no change and narrower than +/- this reads 'no difference' (default 0.05)")
     ab.add_argument("--format", choices=("table", "json"), default="table", help="of the comparison printed at the end")
     common(ab)
+
+    plan = sub.add_parser("plan", help="which batch sizes to capture for serving a workload, within a graph-memory budget")
+    plan.add_argument("workload", nargs="?", default="gpt_decode_step", help="default: gpt_decode_step")
+    plan.add_argument("--dtype", help="default float32")
+    plan.add_argument("--set", action="append", default=[], type=_size, metavar="KEY=V", help="another grid key's value")
+    plan.add_argument("--candidates", metavar="SIZES", help="candidate batch sizes, e.g. 1-256 (default) or 1,2,4,8-256:8")
+    traffic = plan.add_mutually_exclusive_group()
+    traffic.add_argument("--traffic", metavar="SPEC", help="zipf (default: weight 1/b), uniform, or weights such as 1:40,2-8:30,9-256:30")
+    traffic.add_argument("--traffic-file", metavar="FILE", help="observed batch sizes, whitespace or comma separated")
+    plan.add_argument("--memory-budget", type=float, metavar="MIB", help="graph memory the plan may take (default: no limit)")
+    plan.add_argument("--calls", type=int, metavar="N", help="batches in the replayed trace (default 2000)")
+    plan.add_argument("--passes", type=int, metavar="N", help="times each size and the trace are timed (default 5)")
+    plan.add_argument("--timeout", type=float, metavar="SECONDS", help="limit for the whole plan (default 1800)")
+    plan.add_argument("--format", choices=("table", "json"), default="table", help="of the plan printed at the end")
+    common(plan)
 
     report = sub.add_parser("report", help="print a stored run's report (and write it to the report directory)")
     report.add_argument("run_id", nargs="?", type=int, metavar="RUN", help="run id; default: the latest run")
@@ -366,6 +382,67 @@ def cmd_ab(args) -> int:
     return finished(run_id)
 
 
+def cmd_plan(args) -> int:
+    from .params import PlanParameters
+    from .plan import read_traffic_file
+    from .planning import resolve_traffic
+
+    sizes = {}
+    for key, values in args.set:
+        if len(values) != 1:
+            raise UsageError(f"--set {key}: a plan is for one config: give one value")
+        sizes[key] = values[0]
+    fields = {"workload": args.workload, "dtype": args.dtype, "sizes": sizes, "candidates": args.candidates,
+              "traffic": args.traffic, "calls": args.calls, "passes": args.passes, "timeout_s": args.timeout,
+              "memory_budget_mib": args.memory_budget}
+    try:
+        parameters = PlanParameters(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise UsageError(f"invalid {'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})") from None
+    config = parameters.config(load_registry())
+    candidates, _ = resolve_traffic(parameters, None)
+    traffic = read_traffic_file(args.traffic_file, candidates[-1]) if args.traffic_file else None
+    check_writable(reports_dir(args.reports), create=False)
+    _store(args)
+    _settings_to_environment(args)
+    _prefect_defaults()
+    console.print(f"planning captures for {config.label}: candidate sizes {parameters.candidates}, "
+                  f"traffic {traffic.source if traffic else parameters.traffic}")
+    import flows.plan as flows_plan
+
+    def finished(run_id: int) -> int:
+        store = Store(args.db)
+        run = store.run(run_id)
+        data = store.plan(run_id)
+        if args.format == "json":
+            print(json.dumps({"run": run_id, "status": run.status, "error": run.error, "plan": data}, indent=2))
+        elif data:
+            _print_plan(data)
+        path = reports_dir(args.reports) / f"{run_id}.md"
+        print(f"run {run_id} {run.status.replace('_', ' ')}" + (f": {run.error}" if run.error else "") + f"; report {path}",
+              file=sys.stderr if args.format == "json" else sys.stdout)  # stdout holds the JSON alone
+        return 0 if run.status == "completed" else 1
+
+    flows_plan.cli_traffic = traffic
+    with _measuring(args.db, 1, finished):
+        run_id = flows_plan.plan(parameters=flows_plan.PlanFlowParameters(**parameters.model_dump()))
+    return finished(run_id)
+
+
+def _print_plan(data: dict) -> None:
+    table = Table("set", "graphs", "sizes", "expected us/call", "memory MiB", "replayed us/call", "vs predicted")
+    for e in data["schedules"]:
+        m = e["measured"] or {}
+        ok = m.get("status") == "ok"
+        table.add_row(e["name"], str(len(e["sizes"])), e["label"] if len(e["label"]) < 40 else e["label"][:37] + "...",
+                      f"{e['expected']['time_s'] * 1e6:.2f}", f"{m['memory_bytes'] / 2**20:.1f}" if ok else "n/a",
+                      f"{m['replay']['s'] * 1e6:.2f}" if ok else f"failed: {m.get('reason')}",
+                      f"{e['agreement']:+.1%}" if e.get("agreement") is not None else "n/a",
+                      style="bold" if e["kind"] == "plan" else None)
+    Console().print(table)
+
+
 def _print_ab(store: Store, run_id: int, form: str) -> None:
     from .report import ab_rows, params_label
 
@@ -570,11 +647,11 @@ def main(argv: list[str] | None = None) -> int:
     handler = {
         "run": cmd_run, "report": cmd_report, "runs": cmd_runs, "workloads": cmd_workloads,
         "serve": cmd_serve, "setup": cmd_setup, "worker": cmd_worker, "compare": cmd_compare,
-        "regressions": cmd_regressions, "ack": cmd_ack, "alerts": cmd_alerts, "ab": cmd_ab,
+        "regressions": cmd_regressions, "ack": cmd_ack, "alerts": cmd_alerts, "ab": cmd_ab, "plan": cmd_plan,
     }[args.command]
     try:
         return handler(args)
-    except (UsageError, WorkloadError, StoreError, ReportError, VariantError) as exc:
+    except (UsageError, WorkloadError, StoreError, ReportError, VariantError, PlanError) as exc:
         print(f"replaybench: error: {exc}", file=sys.stderr)
         return 2
     except Interrupted as exc:

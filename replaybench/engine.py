@@ -236,6 +236,10 @@ def handle(session: Session | None, message: tuple, registry: Registry) -> tuple
     the reply. ``("prepare", config, settings[, outputs])`` starts a session; ``("round", units, modes)`` and
     ``("finish", modes)`` time it, finish releasing it; ``("release",)`` drops it unfinished."""
     kind, args = message[0], message[1:]
+    if kind.startswith("plan_"):
+        from .plan_measure import handle as handle_plan
+
+        return handle_plan(session, message, registry)
     if kind == "prepare":
         config, settings, *outputs = args
         session = Session(config, settings, registry, *outputs)

@@ -90,3 +90,41 @@ class ABParameters(Selection):
     min_effect: float = Field(
         MIN_EFFECT, ge=0.005, le=0.5, description="an interval holding no change and narrower than +/- this reads 'no difference'"
     )
+
+
+class PlanParameters(BaseModel):
+    """A capture plan (``replaybench plan``): one workload config, the candidate batch sizes, the
+    traffic and the graph-memory budget. Text fields are parsed and bounded by ``replaybench.plan``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: str = Field("gpt_decode_step", max_length=128, description="the workload to plan captures for")
+    dtype: DType = "float32"
+    sizes: dict[str, SizeValue] = Field(
+        default_factory=dict, description="its other grid keys, one value each among those it declares, e.g. {\"layers\": 2}"
+    )
+    candidates: str = Field("1-256", max_length=1000, description="candidate batch sizes, e.g. 1-256 or 1,2,4,8-256:8")
+    traffic: str = Field(
+        "zipf", max_length=4000,
+        description="how often each batch size comes: zipf (weight 1/b: most batches small), uniform, or weights such as 1:40,2-8:30,9-256:30",
+    )
+    memory_budget_mib: float | None = Field(None, gt=0, le=1 << 20, description="graph memory the plan may take; empty: no limit")
+    calls: int = Field(2000, ge=100, le=100_000, description="batches in the replayed trace drawn from the traffic")
+    passes: int = Field(5, ge=3, le=50, description="times each size, and the trace, is timed; the median is reported")
+    timeout_s: float = Field(1800, ge=10, le=6 * 3600, description="limit for the whole plan; a hung one is killed")
+
+    def config(self, registry: Registry) -> BenchConfig:
+        """The workload config planned for: the dtype, the given grid values (checked against those the
+        workload declares), and the first value of its default grid for every other key."""
+        workload = registry.get(self.workload)
+        if not workload.capturable:
+            raise WorkloadError(f"{workload.name} cannot be captured as a CUDA graph: {workload.not_capturable_reason}")
+        unknown = sorted(set(self.sizes) - set(workload.grid) | set(self.sizes) & {"batch_size", "dtype"})
+        if unknown:
+            raise WorkloadError(f"{workload.name}: {', '.join(unknown)} cannot be set here; its other grid keys: "
+                                f"{', '.join(k for k in sorted(workload.grid) if k not in ('batch_size', 'dtype')) or 'none'}")
+        params = {k: v[0] for k, v in (workload.default_grid or workload.grid).items() if k not in ("batch_size", "dtype")}
+        for key, value in self.sizes.items():
+            workload.check_declared(key, [value])
+            params[key] = value
+        return BenchConfig(workload.name, {**params, "dtype": self.dtype})

@@ -431,3 +431,33 @@ def write_plots(store: Store, run: Run, directory: Path) -> dict[str, str]:
             draw(run, data, directory / name)
             written[kind] = name
     return written
+
+
+def plot_plan(run: Run, data: dict[str, Any], path: Path) -> None:
+    """A capture plan (``replaybench.planning``): time per call against batch size, eager and
+    replayed at every measured size, and each set's step: the time a batch takes when it runs as
+    the smallest captured size at or above it (eager above them all)."""
+    from .plan import covering
+
+    eager = {s["size"]: s["eager"]["s"] for s in data["sizes"] if s.get("eager")}
+    graph = {s["size"]: s["graph"]["s"] for s in data["sizes"] if s.get("graph") and not s.get("failed")}
+    batches = sorted(b for b, _ in data["traffic"]["probabilities"])
+    fig, ax = _figure()
+    ax.plot(sorted(eager), [eager[b] * 1e6 for b in sorted(eager)], color="0.6", linewidth=1, label="eager")
+    ax.plot(sorted(graph), [graph[c] * 1e6 for c in sorted(graph)], color="0.3", linewidth=0.8, linestyle=":",
+            label="replayed at its own size")
+    shown = [e for e in data["schedules"] if e["kind"] != "reference"]
+    for i, e in enumerate(shown):
+        steps = [covering(e["sizes"], b) for b in batches]
+        ys = [(eager[b] if c is None else graph[c]) * 1e6 for b, c in zip(batches, steps)]
+        style = _style(i)
+        ax.step(batches, ys, where="post", color=style["color"], linewidth=1.4 if e["kind"] == "plan" else 1.0,
+                label=f"{e['name']} ({len(e['sizes'])} graphs)")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("batch size (log scale)")
+    ax.set_ylabel("time per call (us)")
+    ax.grid(True, alpha=0.3)
+    fig.suptitle(_title(run, f"capture plan for {data['label']}"), fontsize=11)
+    _legend(ax, len(shown) + 2)
+    _save(fig, path)

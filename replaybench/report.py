@@ -216,6 +216,18 @@ def render(
     return environment(template_dir).get_template(template).render(**context(run, store, baseline), plots=plots or {})
 
 
+def plan_context(run, store: Store, directory: Path) -> dict:
+    """A plan run's template context; its plot written beside the report."""
+    from .plots import plot_plan
+
+    data = store.plan(run.id)
+    plot = None
+    if data and any(s.get("eager") for s in data["sizes"]):
+        plot = f"{run.id}-plan.png"
+        plot_plan(run, data, Path(directory) / plot)
+    return {"run": run, "plan": data, "plot": plot, "environment": run.environment or {}}
+
+
 def write_report(store: Store, run_id: int, directory=None, template_dir=None, baseline: int | None = None) -> tuple[Path, str]:
     """Render run ``run_id`` to ``<dir>/<run id>.md`` and ``<dir>/latest.md``; returns (path, text)."""
     from .plots import write_plots
@@ -224,6 +236,8 @@ def write_report(store: Store, run_id: int, directory=None, template_dir=None, b
     run = store.run(run_id)
     if run.trigger == "ab":
         text = environment(template_dir).get_template("ab.md.j2").render(**ab_context(run, store))
+    elif run.trigger == "plan":
+        text = environment(template_dir).get_template("plan.md.j2").render(**plan_context(run, store, directory))
     else:
         plots = write_plots(store, run, directory)  # PNGs beside the markdown, linked from it
         text = render(run, template_dir, store=store, baseline=baseline, plots=plots)

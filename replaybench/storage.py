@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 URL_VARIABLE = "REPLAYBENCH_DB_URL"
 DEFAULT_URL = "sqlite:///replaybench.db"
 
-TRIGGERS = ("nightly", "adhoc", "cli", "shard", "ab")
+TRIGGERS = ("nightly", "adhoc", "cli", "shard", "ab", "plan")
 
 
 SHARDS_PENDING = "shards_pending"  # in a sharded run's parameters: token -> configs not yet claimed
@@ -187,6 +187,19 @@ class Comparison(Base):
     pairs: Mapped[int]
     verdict: Mapped[str] = mapped_column(String(16))
     text: Mapped[str] = mapped_column(Text)
+
+
+class Plan(Base):
+    """A capture plan (``replaybench.planning``): its workload config and everything measured and
+    found, as the report and the JSON output show it."""
+
+    __tablename__ = "plans"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    workload: Mapped[str] = mapped_column(String(128))
+    params: Mapped[dict[str, Any]]
+    data: Mapped[dict[str, Any]]
 
 
 class Acknowledgement(Base):
@@ -409,6 +422,14 @@ class Store:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def add_plan(self, run_id: int, data: dict[str, Any]) -> None:
+        self._write(lambda: [Plan(run_id=run_id, workload=data["workload"], params=data["params"], data=data)])
+
+    def plan(self, run_id: int) -> dict[str, Any] | None:
+        with self.session() as s:
+            row = s.scalars(select(Plan).where(Plan.run_id == run_id).order_by(Plan.id)).first()
+            return row.data if row else None
 
     def comparisons(self, run_id: int) -> list[Comparison]:
         with self.session() as s:

@@ -62,6 +62,11 @@ class Workload:
     capturable: bool = True
     not_capturable_reason: str = ""
     source: str = ""
+    # For capture plans (``replaybench plan``): build once for batches up to ``largest`` and return
+    # ``at(batch_size) -> Built``, every batch size sharing the weights and state, each size's
+    # inputs batch-first views or copies that a padded batch is copied into. Without it, ``build``
+    # is called once per batch size under the same seed.
+    build_sizes: Callable[[dict[str, Any], Any, Any, int], Callable[[int], Built]] | None = None
 
     def validate(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():

@@ -40,7 +40,8 @@ def served(tmp_path_factory):
             with get_client(sync_client=True) as client:
                 while time.monotonic() < deadline:
                     try:
-                        client.read_deployment_by_name("replaybench/adhoc")
+                        for name in ("replaybench/adhoc", "replaybench-plan/plan"):  # registered one by one
+                            client.read_deployment_by_name(name)
                         break
                     except Exception:
                         assert proc.poll() is None, (work / "serve.log").read_text()[-3000:]
@@ -139,3 +140,28 @@ def test_nightly_is_scheduled_at_two_in_the_configured_timezone(served):
         local = first.astimezone(ZoneInfo("Europe/Berlin"))
         assert (local.hour, local.minute) == (2, 0)
         assert first > datetime.now(ZoneInfo("UTC"))
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [{"workload": "os.system"}, {"memory_budget_mib": -1}, {"calls": 10}, {"traffic": "1:1," * 1200}, {"candidates": "1" * 1001}],
+)
+def test_the_plan_form_refuses_out_of_range_parameters(served, parameters):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("replaybench-plan/plan")
+        with pytest.raises(Exception, match="(?i)validation|invalid|422|409"):
+            client.create_flow_run_from_deployment(deployment.id, parameters={"parameters": parameters})
+
+
+def test_a_plan_with_a_bad_traffic_fails_before_anything_is_stored(served):
+    from prefect.deployments import run_deployment
+
+    api, work = served
+    before = len(Store(f"sqlite:///{work / 'replaybench.db'}").runs(1000))
+    flow_run = run_deployment("replaybench-plan/plan", timeout=300, poll_interval=1,
+                              parameters={"parameters": {"candidates": "1-8", "traffic": "9:1"}})
+    assert flow_run.state.is_failed(), flow_run.state
+    assert "above the largest candidate size, 8" in flow_run.state.message
+    assert len(Store(f"sqlite:///{work / 'replaybench.db'}").runs(1000)) == before

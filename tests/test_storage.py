@@ -45,7 +45,7 @@ def test_failures_make_the_run_completed_with_failures(db_url):
 def test_schema_is_at_the_newest_migration(db_url, tmp_path):
     Store(db_url)
     con = sqlite3.connect(tmp_path / "replaybench.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0006",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0007",)
     assert con.execute("pragma journal_mode").fetchone() == ("wal",)
     assert {"runs", "results"} <= set(inspect(Store(db_url).engine).get_table_names())
 
@@ -155,7 +155,7 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
     assert "gpu" not in {c["name"] for c in inspect(engine).get_columns("results")}
     store = Store(url)  # opening upgrades in place
     con = sqlite3.connect(tmp_path / "old.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0006",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0007",)
     indexes = {i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("results")}
     assert indexes == {"ix_results_run_id": ["run_id"], "ix_results_history": ["workload", "params_key", "mode", "run_id"]}
     run = store.run(7)

@@ -72,11 +72,13 @@ class GPTDecoder(nn.Module):
         self.pos.fill_(self.prompt_len)
 
     def step(self, tokens):
-        """tokens: (batch,) int64 -> next-token logits (batch, VOCAB); writes the cache, advances pos."""
+        """tokens: (batch,) int64 -> next-token logits (batch, VOCAB); writes the cache's first
+        ``batch`` rows, advances pos."""
+        b = tokens.shape[0]
         bias = torch.where(self.positions <= self.pos, self.zero, self.neg_inf).view(1, 1, 1, self.cache_len)
         x = (self.tok_emb(tokens) + self.pos_emb(self.pos)).unsqueeze(1)
         for i, layer in enumerate(self.layers):
-            x = layer(x, self.cache[i, 0], self.cache[i, 1], self.pos, bias)
+            x = layer(x, self.cache[i, 0, :b], self.cache[i, 1, :b], self.pos, bias)
         logits = self.head(self.ln_f(x[:, 0]))
         self.pos.add_(1).remainder_(self.cache_len)
         return logits
@@ -97,6 +99,13 @@ def build(params, device, dtype):
     return Built(fn=decoder.step, inputs=(tokens,), reset=decoder.reset)
 
 
+def build_sizes(params, device, dtype, largest):
+    """One decoder whose cache holds ``largest`` rows, as a server's does; a batch of b uses its
+    first b rows (``replaybench plan``)."""
+    decoder, tokens = build_decoder({**params, "batch_size": largest}, device, dtype)
+    return lambda b: Built(fn=decoder.step, inputs=(tokens[:b].clone(),), reset=decoder.reset)
+
+
 WORKLOAD = Workload(
     name="gpt_decode_step",
     description="GPT-style decoder, one token per call on a static in-place KV cache",
@@ -108,4 +117,5 @@ WORKLOAD = Workload(
         "cache_len": [128, 512],
     },
     default_grid={"batch_size": [1], "dtype": ["float32"], "layers": [2], "cache_len": [128, 512]},
+    build_sizes=build_sizes,
 )
