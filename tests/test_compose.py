@@ -4,15 +4,23 @@ The file is validated against the compose-spec JSON schema that check-jsonschema
 (``--builtin-schema vendor.compose-spec``, offline), and a deliberately broken copy must be
 rejected so that a passing validation means something. Then the deployment promises the file
 makes: UI on localhost by default, a postgres healthcheck, one GPU per worker, no passwords, no
-example secrets.
+example secrets. Last, the stack itself: every service's own command line and environment, as
+compose interpolates them, run outside Docker against a real Prefect server and PostgreSQL, mapping
+only what Docker provides (service names, ports, volumes, the image's PATH and ENV), through a
+sharded nightly run to its report.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import re
+import secrets
+import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -239,3 +247,257 @@ def test_variables_used_are_in_env_example(compose):
     assert required <= example, required - example
     assert used <= example, used - example
 
+
+# -- the stack, outside Docker ------------------------------------------------------------------
+
+POSTGRES_URL = os.environ.get("REPLAYBENCH_TEST_POSTGRES_URL")
+
+
+def as_args(command) -> list[str]:
+    """A compose `command` (a list, or a string split as compose splits it) as a program's arguments."""
+    return list(command) if isinstance(command, list) else shlex.split(command)
+
+
+def healthcheck_args(check: dict) -> list[str]:
+    test = check["test"]
+    if isinstance(test, str):
+        return ["sh", "-c", test]
+    return ["sh", "-c", test[1]] if test[0] == "CMD-SHELL" else test[1:]
+
+
+class Stack:
+    """What Docker would provide, outside Docker: each service's name and port mapped to this host,
+    its volumes and the image's working directory to directories here, its image's ENV and PATH
+    (`replaybench`, `prefect` and `python` of this interpreter), a home of its own; nothing else
+    from this process's environment."""
+
+    def __init__(self, tmp_path: Path, env_file: dict[str, str], replace: dict[str, str], prefect_port: int):
+        self.tmp = tmp_path
+        self.compose = yaml.safe_load(interpolate(COMPOSE.read_text(), env_file))
+        self.replace = replace
+        self.port = prefect_port
+        self.image_env, self.workdir, _ = dockerfile()
+        self.bin = tmp_path / "bin"
+        self.bin.mkdir()
+        for name, module in (("replaybench", "replaybench.cli"), ("prefect", "prefect"), ("python", None)):
+            program = self.bin / name
+            program.write_text(f'#!/bin/sh\nexec {sys.executable} {"-m " + module if module else ""} "$@"\n')
+            program.chmod(0o755)
+        self.logs: dict[str, Path] = {}
+
+    def map(self, value: str) -> str:
+        for docker, here in self.replace.items():
+            value = value.replace(docker, here)
+        return value
+
+    def service(self, name: str) -> dict:
+        return self.compose["services"][name]
+
+    def env(self, name: str) -> dict[str, str]:
+        service = self.service(name)
+        home = self.tmp / "home" / name
+        home.mkdir(parents=True, exist_ok=True)
+        built = "build" in service  # our image: its ENV, the package installed from /app
+        env = {
+            "PATH": f"{self.bin}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(home),
+            **({**self.image_env, "PYTHONPATH": str(ROOT)} if built else {}),
+            **{k: str(v) for k, v in service.get("environment", {}).items()},
+        }
+        if name == "prefect-server":  # published on a free port here: the server listens there
+            env["PREFECT_SERVER_API_PORT"] = str(self.port)
+        return {k: self.map(v) for k, v in env.items()}
+
+    def args(self, name: str) -> list[str]:
+        return [self.map(a) for a in as_args(self.service(name)["command"])]
+
+    def cwd(self, name: str) -> str:
+        return self.map(self.workdir) if "build" in self.service(name) else str(self.tmp)
+
+    def log(self, name: str) -> Path:
+        self.logs[name] = self.tmp / f"{name}.log"
+        return self.logs[name]
+
+    def run(self, name: str, timeout: float) -> subprocess.CompletedProcess:
+        with open(self.log(name), "w") as log:
+            return subprocess.run(self.args(name), env=self.env(name), cwd=self.cwd(name), stdout=log,
+                                  stderr=subprocess.STDOUT, timeout=timeout)
+
+    def start(self, name: str) -> subprocess.Popen:
+        log = open(self.log(name), "w")
+        process = subprocess.Popen(self.args(name), env=self.env(name), cwd=self.cwd(name), stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        process.log_file = log
+        return process
+
+
+def stop(process: subprocess.Popen) -> None:
+    """As `docker stop` does: SIGTERM (a worker stops its Prefect worker), then SIGKILL to what is left."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()
+    process.log_file.close()
+
+
+def wait_for(what: str, check, timeout: float, logs=lambda: "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(1)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s\n{logs()}")
+
+
+@pytest.fixture
+def databases():
+    """Two new databases on the test server, for what docker/postgres-init and POSTGRES_DB create:
+    Prefect's and the results store's; dropped afterwards."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    suffix = secrets.token_hex(6)
+    names = {"prefect": f"rb_prefect_{suffix}", "replaybench": f"rb_store_{suffix}"}
+    with engine.connect() as con:
+        for name in names.values():
+            con.execute(text(f'CREATE DATABASE "{name}"'))
+    yield names
+    for name in names.values():
+        for attempt in range(40):
+            with engine.connect() as con:
+                con.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name "
+                                 "AND usename = current_user AND pid <> pg_backend_pid()"), {"name": name})
+                try:
+                    con.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+                    break
+                except Exception:
+                    if attempt == 39:
+                        raise
+            time.sleep(0.25)
+    engine.dispose()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not POSTGRES_URL, reason="set REPLAYBENCH_TEST_POSTGRES_URL (.ci/postgres.sh starts a server)")
+def test_the_stack_runs_a_sharded_nightly_to_its_report(tmp_path, databases):
+    import httpx
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId
+    from prefect.deployments import run_deployment
+    from prefect.settings import PREFECT_API_AUTH_STRING, PREFECT_API_URL, temporary_settings
+    from sqlalchemy.engine import make_url
+
+    from replaybench.storage import Store
+    from replaybench.worker import measuring_cores
+
+    from .prefect_server import free_port
+
+    postgres = make_url(POSTGRES_URL)
+    port = free_port()
+    auth = f"admin:{secrets.token_urlsafe(18)}"
+    env_file = {**example_env(), "POSTGRES_PASSWORD": postgres.password, "PREFECT_API_AUTH_STRING": auth,
+                "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    at = f"{postgres.host}:{postgres.port or 5432}"
+    stack = Stack(tmp_path, env_file, {
+        "//replaybench:": f"//{postgres.username}:",  # POSTGRES_USER's role: the test server's
+        "@postgres:5432/prefect": f"@{at}/{databases['prefect']}",
+        "@postgres:5432/replaybench": f"@{at}/{databases['replaybench']}",
+        "prefect-server:4200": f"127.0.0.1:{port}",
+        "localhost:4200": f"127.0.0.1:{port}",
+        "/reports": str(reports),  # the `reports` volume
+        "/app": str(ROOT),  # the image's working directory, where the Dockerfile copies the code
+    }, port)
+    api = f"http://127.0.0.1:{port}/api"
+    started: list[subprocess.Popen] = []
+    logs = lambda: "\n".join(f"--- {n}\n{p.read_text()[-3000:]}" for n, p in stack.logs.items())
+    try:
+        # prefect-server, on PostgreSQL through asyncpg, until its own healthcheck passes
+        server = stack.start("prefect-server")
+        started.append(server)
+        check = healthcheck_args(stack.service("prefect-server")["healthcheck"])
+        healthy = lambda: subprocess.run([stack.map(a) for a in check], env=stack.env("prefect-server"),
+                                         capture_output=True, timeout=30).returncode == 0
+        wait_for("prefect-server healthy", lambda: server.poll() is None and healthy(), 180, logs)
+        # basic authentication: the API refuses a call without the auth string, the UI asks for it
+        assert httpx.post(f"{api}/flows/filter", json={}, timeout=10).status_code == 401
+        assert httpx.post(f"{api}/flows/filter", json={}, auth=tuple(auth.split(":", 1)), timeout=10).status_code == 200
+        ui = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
+        assert (ui["api_url"], ui["auth"]) == (env_file["PREFECT_UI_API_URL"], "BASIC")
+
+        # deployments: the work pool and prefect.yaml's deployments, then it exits 0
+        deployed = stack.run("deployments", timeout=300)
+        assert deployed.returncode == 0, logs()
+
+        # the workers, one per GPU
+        names = sorted(workers(stack.compose))
+        assert names == ["gpu-worker-0", "gpu-worker-1"]
+        for name in names:
+            started.append(stack.start(name))
+        with temporary_settings({PREFECT_API_URL: api, PREFECT_API_AUTH_STRING: auth}):
+            with get_client(sync_client=True) as client:
+                queues = lambda: {q.name for q in client.read_work_queues(work_pool_name="gpu")}
+                wait_for("a queue per GPU", lambda: {"gpu-compose-0", "gpu-compose-1"} <= queues(), 180, logs)
+                deployments = {d.name for d in client.read_deployments()}
+                assert {"nightly", "adhoc", "shard", "ack", "ab"} <= deployments
+                for gpu in ("0", "1"):  # a GPU's limit: one measurement at a time, whatever the container
+                    limit = client.read_global_concurrency_limit_by_name(f"replaybench-gpu-compose-{gpu}")
+                    assert limit.limit == 1
+
+            # the nightly deployment as registered (shards: 2 from prefect.yaml), a small suite
+            parent = run_deployment(
+                "replaybench/nightly",
+                parameters={"parameters": {"workloads": ["seed_mlp", "deep_mlp"], "sizes": {"depth": [2]},
+                                           "time_budget_s": 0.3, "processes": 1}},
+                timeout=300,
+                poll_interval=2,
+            )
+            assert parent.state.is_completed(), f"{parent.state}\n{logs()}"
+            assert parent.parameters["shards"] == 2
+            with get_client(sync_client=True) as client:
+                shards = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_="shard-")))
+                flow_logs = client.read_logs(log_filter=LogFilter(
+                    flow_run_id=LogFilterFlowRunId(any_=[parent.id, *(s.id for s in shards)])))
+    finally:
+        for process in reversed(started):
+            stop(process)
+
+    # both shards completed, one on each GPU's queue: stable names, REPLAYBENCH_HOST's, not a hostname's
+    assert len(shards) == 2 and all(s.state.is_completed() for s in shards), [s.state for s in shards]
+    assert {s.work_queue_name for s in shards} == {"gpu-compose-0", "gpu-compose-1"}
+    # the results, in the PostgreSQL store
+    store = Store(make_url(POSTGRES_URL).set(database=databases["replaybench"]).render_as_string(hide_password=False))
+    run = store.run()
+    store.engine.dispose()
+    assert run.trigger == "nightly" and run.status == "completed", (run.status, run.error)
+    assert {r.workload for r in run.results} == {"seed_mlp", "deep_mlp"}
+    # each container's measuring process on cores of its own GPU's slot, not every one on slot 0's
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:
+        used = sorted(tuple(r.health["cpu_cores"]) for r in {r.workload: r for r in run.results}.values())
+        assert used == sorted(tuple(measuring_cores(cores, 1, slot)) for slot in (0, 1)), used
+    # the report, in the reports volume
+    report = (reports / f"{run.id}.md").read_text()
+    assert "## seed_mlp" in report and "## deep_mlp" in report
+    # no secret in any output of any service, in the flow runs' logs, or in the report
+    outputs = {name: path.read_text() for name, path in stack.logs.items()}
+    outputs["flow run logs"] = "\n".join(log.message for log in flow_logs)
+    outputs["report"] = report
+    assert len(flow_logs) > 0 and all(outputs.values())
+    password = postgres.password
+    # The test server's role may have a password that is also a plain word of every log (CI's is
+    # the role's own name, `replaybench`): then only its forms as a password are looked for.
+    plain_word = any(password in word for word in (postgres.username, "replaybench", str(ROOT), str(tmp_path)))
+    for name, text in outputs.items():
+        assert auth not in text and auth.split(":", 1)[1] not in text, f"the auth string in {name}"
+        assert f":{password}@" not in text and f"password={password}" not in text, f"the database password in {name}"
+        if not plain_word:
+            assert password not in text, f"the database password in {name}"
