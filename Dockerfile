@@ -1,4 +1,5 @@
-# GPU worker image for replaybench: a Prefect process worker that runs benchmark flow runs on one GPU.
+# replaybench image: `replaybench worker`, a Prefect process worker that runs benchmark flow runs on one
+# GPU, and the `prefect deploy` that registers the deployments of prefect.yaml (docker-compose.yml).
 #
 #   docker build -t replaybench-worker .
 #   docker build --build-arg BASE_IMAGE=pytorch/pytorch:2.4.1-cuda12.4-cudnn9-runtime -t replaybench-worker .
@@ -8,9 +9,11 @@
 ARG BASE_IMAGE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
+# REPLAYBENCH_HOME: where prefect.yaml's pull step runs flow runs from, this copy of the code.
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    REPLAYBENCH_REPORTS_DIR=/reports
+    REPLAYBENCH_REPORTS_DIR=/reports \
+    REPLAYBENCH_HOME=/app
 
 WORKDIR /app
 
@@ -21,6 +24,7 @@ COPY replaybench/ replaybench/
 COPY flows/ flows/
 COPY workloads/ workloads/
 COPY templates/ templates/
+COPY prefect.yaml ./
 
 RUN pip show --quiet torch || { echo "pip cannot see the base image's torch; it would download another" >&2; exit 1; } \
  && python -c "import torch; print('torch==' + torch.__version__)" > /tmp/torch-constraint.txt \
@@ -36,5 +40,5 @@ RUN useradd --create-home --uid 1000 --shell /bin/sh replaybench \
  && chown replaybench:replaybench /reports
 USER replaybench
 
-# sh -c so that REPLAYBENCH_POOL is expanded when the container starts, not when it is built.
-CMD ["sh", "-c", "exec prefect worker start --pool \"${REPLAYBENCH_POOL:-gpu}\" --type process --limit 1"]
+# The worker of the container's one GPU, host GPU 0; docker-compose.yml gives each worker its own.
+CMD ["replaybench", "worker", "--pool", "gpu", "--gpu", "0", "--device", "0"]

@@ -37,12 +37,13 @@ from replaybench.results import ConfigResult, MeasureSettings
 from replaybench.storage import Store
 from replaybench.summary import one_line
 from replaybench.verdicts import CONFIRMATIONS, acknowledge, judge_run, store_verdicts
-from replaybench.worker import MeasuringPool
+from replaybench.worker import GPU_VARIABLE, MeasuringPool
 from replaybench.workload import BenchConfig, load_registry
 
 Trigger = Literal["nightly", "adhoc", "cli"]
 GPU_LIMIT_VARIABLE = "REPLAYBENCH_GPU_LIMIT"
 POOL_VARIABLE = "REPLAYBENCH_POOL"
+HOST_VARIABLE = "REPLAYBENCH_HOST"  # this host's name in limit, queue and worker names
 NIGHTLY_GPU_WAIT_VARIABLE = "REPLAYBENCH_NIGHTLY_GPU_WAIT_S"
 GPU_QUEUE_PREFIX = "gpu-"
 SHARD_DEPLOYMENT = "replaybench-shard/shard"
@@ -121,12 +122,14 @@ def measure_config(
 
 
 def gpu_label(environment: dict) -> str | None:
-    """'host GPU 0 (GPU-1234abcd)': which physical GPU measured a result, for sharded runs."""
+    """'host GPU 0 (GPU-1234abcd)': which physical GPU measured a result, for sharded runs; host
+    and index as the worker names them ($REPLAYBENCH_HOST, $REPLAYBENCH_GPU: a container's)."""
     if not environment.get("gpu_name"):
         return None
-    index = environment.get("cuda_visible_devices") or "0"
+    index = os.environ.get(GPU_VARIABLE) or environment.get("cuda_visible_devices") or "0"
     uuid = (environment.get("gpu_uuid") or "")[:12]
-    return f"{environment.get('host') or socket.gethostname()} GPU {index}" + (f" ({uuid})" if uuid else "")
+    host = os.environ.get(HOST_VARIABLE) or environment.get("host") or socket.gethostname()
+    return f"{host} GPU {index}" + (f" ({uuid})" if uuid else "")
 
 
 def nightly_gpu_wait_s() -> float:

@@ -10,19 +10,26 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import WorkPoolCreate
 from prefect.exceptions import ObjectAlreadyExists
 
-from flows.benchmark import GPU_LIMIT_VARIABLE, GPU_QUEUE_PREFIX, POOL_VARIABLE
+from flows.benchmark import GPU_LIMIT_VARIABLE, GPU_QUEUE_PREFIX, HOST_VARIABLE, POOL_VARIABLE
+from replaybench.worker import GPU_VARIABLE
 
 DEFAULT_POOL = "gpu"
 QUERY_SECONDS = 2  # how often workers and `serve` ask the server for runs to start
 
 
+def host_label(host: str | None = None) -> str:
+    """The name of this host in concurrency limit, queue and worker names: $REPLAYBENCH_HOST where
+    set (a container's own hostname is random, and is not the host's), else the hostname."""
+    return host or os.environ.get(HOST_VARIABLE) or socket.gethostname()
+
+
 def gpu_limit_name(gpu: str, host: str | None = None) -> str:
     """One global concurrency limit per physical GPU: host plus the GPU's index on that host."""
-    return f"replaybench-gpu-{host or socket.gethostname()}-{gpu}"
+    return f"replaybench-gpu-{host_label(host)}-{gpu}"
 
 
 def gpu_queue_name(gpu: str, host: str | None = None) -> str:
-    return f"{GPU_QUEUE_PREFIX}{host or socket.gethostname()}-{gpu}"
+    return f"{GPU_QUEUE_PREFIX}{host_label(host)}-{gpu}"
 
 
 def ensure_gpu_limit(name: str) -> None:
@@ -58,11 +65,16 @@ def setup(pool: str, gpus: list[str]) -> list[str]:
     return names
 
 
-def worker_command(pool: str, gpu: str) -> list[str]:
+def worker_command(pool: str, gpu: str, device: str | None = None) -> list[str]:
     """The command of a Prefect process worker pinned to one GPU, with this process's environment
-    set for it: flow runs it starts inherit the GPU and the name of its concurrency limit."""
+    set for it: flow runs it starts inherit the GPU and the name of its concurrency limit.
+
+    ``gpu`` is the GPU's index on the host: it names the limit and the queue and picks the cores of
+    the measuring processes (``replaybench.worker.gpu_slot``). ``device`` is what the flow runs get
+    as CUDA_VISIBLE_DEVICES, ``gpu`` unless given: in a container that sees only its GPU, "0"."""
     (name,) = setup(pool, [gpu])
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu if device is None else device
+    os.environ[GPU_VARIABLE] = gpu
     os.environ[GPU_LIMIT_VARIABLE] = name
     os.environ[POOL_VARIABLE] = pool
     # Prefect's default polls for runs every 10 s: an ad-hoc run, and each shard of a nightly run,
@@ -73,7 +85,7 @@ def worker_command(pool: str, gpu: str) -> list[str]:
     # own queue lets a sharded run send each shard to a different GPU.
     prefect = [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool, "--type", "process", "--limit", "2",
                "--work-queue", "default", "--work-queue", gpu_queue_name(gpu),
-               "--name", f"replaybench-{socket.gethostname()}-gpu{gpu}"]
+               "--name", f"replaybench-{host_label()}-gpu{gpu}"]
     return prefect
 
 

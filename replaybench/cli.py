@@ -157,11 +157,15 @@ def _parser() -> argparse.ArgumentParser:
 
     setup = sub.add_parser("setup", help="create the work pool and one concurrency limit per GPU (idempotent)")
     setup.add_argument("--pool", default="gpu")
-    setup.add_argument("--gpus", default="0", help="comma-separated GPU indices of this host")
+    setup.add_argument("--gpus", default="0", help="comma-separated GPU indices of this host (empty: the pool only)")
 
     worker = sub.add_parser("worker", help="start a Prefect process worker pinned to one GPU")
     worker.add_argument("--pool", default="gpu")
-    worker.add_argument("--gpu", required=True, help="GPU index on this host (sets CUDA_VISIBLE_DEVICES)")
+    worker.add_argument("--gpu", required=True,
+                        help="GPU index on this host: names its concurrency limit and queue (with $REPLAYBENCH_HOST, "
+                             "else the hostname) and picks the measuring processes' cores")
+    worker.add_argument("--device", default=None,
+                        help="CUDA_VISIBLE_DEVICES of its flow runs (default: --gpu); 0 in a container that sees only its GPU")
     worker.add_argument("--now", action="store_true",
                         help="on SIGINT or SIGTERM, stop the flow runs in progress at once, not after their current config")
     common(worker)
@@ -639,7 +643,7 @@ def cmd_worker(args) -> int:
     _store(args)
     check_writable(reports_dir(args.reports))
     _settings_to_environment(args)
-    return supervise(worker_command(args.pool, args.gpu), "worker", now=args.now)
+    return supervise(worker_command(args.pool, args.gpu, args.device), "worker", now=args.now)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from .variants import Variant
 from .workload import BenchConfig
 
 DEFAULT_TIMEOUT_S = 600.0
+GPU_VARIABLE = "REPLAYBENCH_GPU"  # the host's index of the GPU this process measures on
 UNITS_PER_ROUND = 2  # timed units a process runs before the next process takes its turn
 STARTUP_TIMEOUT_S = 300.0
 
@@ -385,10 +386,15 @@ def close_all(members: list[MeasuringProcess]) -> None:
 
 
 def gpu_slot() -> int:
-    """Which GPU of the host this process measures on: the index in CUDA_VISIBLE_DEVICES when it
-    names one GPU by number (as `replaybench worker --gpu N` sets it), else 0."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    return int(visible) if visible.isdigit() else 0
+    """Which GPU of the host this process measures on: $REPLAYBENCH_GPU, the host's index of it (as
+    `replaybench worker --gpu N` sets it: in a container that sees one GPU, that GPU is device 0
+    whatever its index on the host), else the index in CUDA_VISIBLE_DEVICES when it names one GPU
+    by number, else 0."""
+    for variable in (GPU_VARIABLE, "CUDA_VISIBLE_DEVICES"):
+        value = os.environ.get(variable, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
 
 
 def measuring_cores(cores: list, processes: int, slot: int = 0) -> list:

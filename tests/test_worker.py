@@ -73,6 +73,7 @@ def test_a_pool_times_each_config_in_every_process_in_turn(quick):
 
 
 def test_workers_of_different_gpus_measure_on_different_cores(monkeypatch):
+    monkeypatch.delenv("REPLAYBENCH_GPU", raising=False)
     cores = list(range(16))
     assert measuring_cores(cores, 3) == [15, 14, 13]
     assert measuring_cores(cores, 3, slot=1) == [12, 11, 10]
@@ -83,3 +84,7 @@ def test_workers_of_different_gpus_measure_on_different_cores(monkeypatch):
     assert gpu_slot() == 0
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert gpu_slot() == 0
+    # A container sees its one GPU as device 0: the host's index, set by `replaybench worker`, decides.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("REPLAYBENCH_GPU", "3")
+    assert gpu_slot() == 3
