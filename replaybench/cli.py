@@ -384,6 +384,7 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
 
 
 def cmd_report(args) -> int:
+    check_writable(reports_dir(args.reports), create=False)  # before the store is opened or made
     store = _store(args)
     run_id = store.run(args.run_id).id
     if args.baseline is not None:
@@ -535,6 +536,7 @@ def cmd_serve(args) -> int:
     from flows.orchestration import serve
     from flows.supervise import supervise
 
+    check_writable(reports_dir(args.reports), create=False)  # before anything is written or started
     _store(args)
     check_writable(reports_dir(args.reports))
     _settings_to_environment(args)
@@ -559,6 +561,7 @@ def cmd_worker(args) -> int:
     from flows.orchestration import worker_command
     from flows.supervise import supervise
 
+    check_writable(reports_dir(args.reports), create=False)  # before anything is written or started
     _store(args)
     check_writable(reports_dir(args.reports))
     _settings_to_environment(args)

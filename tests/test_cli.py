@@ -49,6 +49,36 @@ def test_bad_input_one_line_nonzero_exit_nothing_written(tmp_path, args, message
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.slow
+def test_an_unwritable_report_directory_is_one_line_and_starts_nothing_on_the_server(tmp_path):
+    """Each command that writes reports refuses a report directory it cannot write in, before it
+    opens the store or calls the Prefect server: no flow run, deployment, work pool or limit."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from .prefect_server import prefect_server
+
+    home, work = tmp_path / "prefect", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (work / "a_file").write_text("not a directory")
+    (work / "variants.toml").write_text("[variants.a]\n[variants.b]\n")
+    commands = [["run", "-w", "seed_mlp"], ["ab", "a", "b", "-w", "seed_mlp"], ["serve"], ["worker", "--gpu", "0"], ["report"]]
+    with prefect_server(home) as api:
+        env = {"PREFECT_API_URL": api, "PREFECT_HOME": str(home)}
+        for command in commands:
+            out = replaybench(*command, "--reports", "a_file/reports", cwd=work, env=env)
+            assert out.returncode == 2, (command, out.stderr[-3000:])
+            assert out.stderr.count("\n") == 1 and out.stderr.startswith(
+                "replaybench: error: report directory 'a_file/reports' is not writable"), (command, out.stderr[-3000:])
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            assert client.read_flow_runs() == []
+            assert client.read_deployments() == []
+            assert client.read_work_pools() == []
+            assert client.read_global_concurrency_limits() == []
+    assert sorted(p.name for p in work.iterdir()) == ["a_file", "variants.toml"]  # no database, no reports
+
+
 def test_report_prints_a_stored_run(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
     run_id = store.create_run("nightly", {})
