@@ -24,6 +24,7 @@ from replaybench.params import ABParameters
 from replaybench.report import check_writable, reports_dir, write_report
 from replaybench.results import MeasureSettings
 from replaybench.storage import Store
+from replaybench.unstored import store_result
 from replaybench.variants import VariantName, declared_names, load_variants, pick
 from replaybench.workload import BenchConfig, load_registry
 
@@ -55,8 +56,10 @@ class ABFlowParameters(ABParameters):
 def measure_pair(config: BenchConfig, settings: MeasureSettings, pool: ABPool, store: Store, run_id: int,
                  min_effect: float) -> ABResult:
     result = pool.measure(config, settings, min_effect)
-    store.add_ab_result(run_id, result, gpu=gpu_label(pool.environment(0)))  # committed now
+    not_stored = store_result(store, run_id, result, gpu=gpu_label(pool.environment(0)))  # committed now
     logger = get_run_logger()
+    if not_stored:
+        logger.error(not_stored)
     for c in result.comparisons:
         logger.info("%s %s %s: %s", config.label, c.mode, c.metric, c.text)
     return result

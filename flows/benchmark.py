@@ -36,6 +36,7 @@ from replaybench.report import check_writable, reports_dir, write_report
 from replaybench.results import ConfigResult, MeasureSettings
 from replaybench.storage import Store
 from replaybench.summary import one_line
+from replaybench.unstored import store_result
 from replaybench.verdicts import CONFIRMATIONS, acknowledge, judge_run, store_verdicts
 from replaybench.worker import MeasuringPool
 from replaybench.workload import BenchConfig, load_registry
@@ -115,8 +116,11 @@ def measure_config(
     config: BenchConfig, settings: MeasureSettings, pool: MeasuringPool, store: Store, run_id: int
 ) -> ConfigResult:
     result = pool.measure(config, settings)
-    store.add_result(run_id, result, gpu=gpu_label(pool.environment))  # committed now: a crash later loses nothing
+    # Committed now: a crash later loses nothing. Rows the database refuses are kept beside the report.
+    not_stored = store_result(store, run_id, result, gpu=gpu_label(pool.environment))
     get_run_logger().info(one_line(result))
+    if not_stored:
+        get_run_logger().error(not_stored)
     return result
 
 
@@ -283,8 +287,10 @@ def confirm(run_id: int, parameters: RunParameters, store: Store) -> None:
         with gpu_lock(run.trigger), MeasuringPool(parameters.processes, parameters.timeout_s) as pool:
             for config in configs:
                 result = pool.measure(config, settings)
-                store.add_result(run_id, result, gpu=gpu_label(pool.environment), repeat=repeat)
+                not_stored = store_result(store, run_id, result, gpu=gpu_label(pool.environment), repeat=repeat)
                 logger.info("confirmation %d: %s", repeat, one_line(result))
+                if not_stored:
+                    logger.error(not_stored)
 
 
 def alert(store: Store, run_id: int, verdicts: dict) -> None:
