@@ -197,6 +197,8 @@ def cmd_run(args) -> int:
         run = Store(args.db).run(run_id)
         path = reports_dir(args.reports) / f"{run_id}.md"
         print(f"run {run_id} {run.status.replace('_', ' ')}: report {path} (also {path.parent / 'latest.md'})")
+        if run.error:
+            console.print(f"run {run_id}: {run.error}", soft_wrap=True, markup=False, highlight=False)
         return 0 if run.status == "completed" else 1
 
     flows_benchmark.cli_trigger = args.trigger
@@ -359,6 +361,8 @@ def cmd_ab(args) -> int:
         run = store.run(run_id)
         path = reports_dir(args.reports) / f"{run_id}.md"
         console.print(f"run {run_id} {run.status.replace('_', ' ')}: report {path}")
+        if run.error:
+            console.print(f"run {run_id}: {run.error}", soft_wrap=True, markup=False, highlight=False)
         return 0 if run.status == "completed" else 1
 
     with _measuring(args.db, len(configs), finished):

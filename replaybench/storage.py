@@ -451,6 +451,19 @@ class Store:
             run = s.get(Run, run_id, with_for_update=True)
             run.error = _joined(run.error, line)
 
+    def measuring_s(self, run_id: int) -> float:
+        """Seconds a run's stored configs took to measure, added up over its configs (each counted
+        once, its confirmations apart; an A/B run's two variants measure a config together), over
+        every shard of a sharded run."""
+        with self.session() as s:
+            rows = s.execute(select(Result.workload, Result.params_key, Result.repeat, Result.health)
+                             .where(Result.run_id == run_id)).all()
+        took: dict[tuple, float] = {}
+        for workload, key, repeat, health in rows:
+            seconds = (health or {}).get("measuring_s") or 0.0
+            took[(workload, key, repeat)] = max(took.get((workload, key, repeat), 0.0), seconds)
+        return sum(took.values())
+
     def configs_kept(self, run_id: int) -> int:
         """Configs with a stored result in a run (each counted once)."""
         with self.session() as s:
