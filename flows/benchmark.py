@@ -46,6 +46,8 @@ Trigger = Literal["nightly", "adhoc", "cli"]
 GPU_LIMIT_VARIABLE = "REPLAYBENCH_GPU_LIMIT"
 POOL_VARIABLE = "REPLAYBENCH_POOL"
 NIGHTLY_GPU_WAIT_VARIABLE = "REPLAYBENCH_NIGHTLY_GPU_WAIT_S"
+GPU_LEASE_VARIABLE = "REPLAYBENCH_GPU_LEASE_S"
+MIN_LEASE_S = 60  # the shortest lease a Prefect server grants
 GPU_QUEUE_PREFIX = "gpu-"
 SHARD_DEPLOYMENT = "replaybench-shard/shard"
 
@@ -147,6 +149,22 @@ def nightly_gpu_wait_s() -> float:
         raise ValueError(f"${NIGHTLY_GPU_WAIT_VARIABLE} must be a number of seconds, not {value!r}") from None
 
 
+def gpu_lease_s() -> float:
+    """The lease on the GPU's concurrency slot: the holder renews it while it measures (every
+    three quarters of it); where the holder is killed, the slot is free again once the lease has
+    run out and the server has noticed (``PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS``, 15 s
+    by default). The operator's ``$REPLAYBENCH_GPU_LEASE_S``, default 300 s (Prefect's), at least 60."""
+    value = os.environ.get(GPU_LEASE_VARIABLE, "300")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not MIN_LEASE_S <= seconds < float("inf"):
+        raise ValueError(f"${GPU_LEASE_VARIABLE} must be a number of seconds, at least {MIN_LEASE_S} "
+                         f"(the shortest lease a Prefect server grants), not {value!r}")
+    return seconds
+
+
 @contextmanager
 def gpu_lock(trigger: str = "adhoc"):
     """Exclusive use of this worker's GPU across every worker, run and person: a global concurrency
@@ -158,7 +176,7 @@ def gpu_lock(trigger: str = "adhoc"):
         if name:
             wait = nightly_gpu_wait_s() if trigger == "nightly" else None
             try:
-                held.enter_context(concurrency(name, occupy=1, strict=True, timeout_seconds=wait))
+                held.enter_context(concurrency(name, occupy=1, strict=True, timeout_seconds=wait, lease_duration=gpu_lease_s()))
             except TimeoutError:
                 raise GPUBusy(f"the GPU ({name}) stayed busy with other runs for {wait:.0f} s "
                               f"(${NIGHTLY_GPU_WAIT_VARIABLE}); this nightly run measured nothing") from None

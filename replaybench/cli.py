@@ -535,11 +535,27 @@ def _settings_to_environment(args) -> None:
             os.environ[variable] = getattr(args, name)
 
 
+def _check_worker_settings() -> None:
+    """The operator's settings that a worker's or serve's flow runs read, checked at its start."""
+    from flows.benchmark import gpu_lease_s, nightly_gpu_wait_s
+
+    from .params import max_configs, max_run_s
+
+    max_configs()
+    max_run_s()
+    try:
+        gpu_lease_s()
+        nightly_gpu_wait_s()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_serve(args) -> int:
     from flows.deployments import NIGHTLY_CRON, TIMEZONE
     from flows.orchestration import serve
     from flows.supervise import supervise
 
+    _check_worker_settings()
     check_writable(reports_dir(args.reports), create=False)  # before anything is written or started
     _store(args)
     check_writable(reports_dir(args.reports))
@@ -565,6 +581,7 @@ def cmd_worker(args) -> int:
     from flows.orchestration import worker_command
     from flows.supervise import supervise
 
+    _check_worker_settings()
     check_writable(reports_dir(args.reports), create=False)  # before anything is written or started
     _store(args)
     check_writable(reports_dir(args.reports))

@@ -95,6 +95,18 @@ def test_a_run_whose_budget_passes_the_measuring_time_cap_is_refused_before_it_s
     assert sorted(p.name for p in tmp_path.iterdir()) == ["variants.toml"]
 
 
+@pytest.mark.parametrize("variable, value, message", [
+    ("REPLAYBENCH_GPU_LEASE_S", "30", "$REPLAYBENCH_GPU_LEASE_S must be a number of seconds, at least 60 (the shortest lease a "
+                                      "Prefect server grants), not '30'"),
+    ("REPLAYBENCH_MAX_RUN_S", "0", "$REPLAYBENCH_MAX_RUN_S must be a positive number of seconds, not '0'"),
+])
+@pytest.mark.parametrize("command", [["worker", "--gpu", "0"], ["serve"]])
+def test_a_worker_or_serve_with_a_bad_operator_setting_does_not_start(tmp_path, command, variable, value, message):
+    out = replaybench(*command, cwd=tmp_path, env={variable: value})
+    assert out.returncode == 2 and out.stderr == f"replaybench: error: {message}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 SLOW_BUILD = '''
 """A small MLP that takes a second to build: each config measures for a second or more."""
 import time
