@@ -20,10 +20,12 @@ from flows.benchmark import end_run, finished, gpu_label, gpu_lock, progress, re
 from flows.supervise import check_stop
 from replaybench.ab import ABPool, ABResult
 from replaybench.health import host_facts
+from replaybench.limits import CapReached, MeasuringCap
 from replaybench.params import ABParameters
 from replaybench.report import check_writable, reports_dir, write_report
 from replaybench.results import MeasureSettings
 from replaybench.storage import Store
+from replaybench.unstored import store_result
 from replaybench.variants import VariantName, declared_names, load_variants, pick
 from replaybench.workload import BenchConfig, load_registry
 
@@ -53,10 +55,14 @@ class ABFlowParameters(ABParameters):
 
 @task(cache_policy=NO_CACHE, task_run_name="{config.label}")
 def measure_pair(config: BenchConfig, settings: MeasureSettings, pool: ABPool, store: Store, run_id: int,
-                 min_effect: float) -> ABResult:
+                 min_effect: float, cap: MeasuringCap | None = None) -> ABResult:
     result = pool.measure(config, settings, min_effect)
-    store.add_ab_result(run_id, result, gpu=gpu_label(pool.environment(0)))  # committed now
+    not_stored = store_result(store, run_id, result, gpu=gpu_label(pool.environment(0)))  # committed now
     logger = get_run_logger()
+    if not_stored:
+        logger.error(not_stored)
+        if cap:
+            cap.not_stored(result)
     for c in result.comparisons:
         logger.info("%s %s %s: %s", config.label, c.mode, c.metric, c.text)
     return result
@@ -81,21 +87,27 @@ def ab(parameters: ABFlowParameters) -> int:
     run_id = store.create_run("ab", parameters.model_dump(mode="json"), host_facts())
     store.set_flow_run(run_id, flow_run.get_id())
     logger.info("run %d: A/B, %s against %s, %d config(s)", run_id, b.name, a.name, len(configs))
+    error = None
+    cap = MeasuringCap(store, run_id)
     try:
         with gpu_lock(), ABPool(a, b, parameters.processes, parameters.timeout_s) as pool:
             env_a, env_b = pool.environment(0), pool.environment(1)
             store.set_environment(run_id, {**env_a, "variants": {"A": variant_facts(a, env_a), "B": variant_facts(b, env_b)}})
             settings = parameters.measure_settings()
             for done, config in enumerate(configs, 1):
-                result = measure_pair(config, settings, pool, store, run_id, parameters.min_effect)
+                cap.check(len(configs) - done + 1)
+                result = measure_pair(config, settings, pool, store, run_id, parameters.min_effect, cap)
                 progress(done, len(configs), f"{config.label}: " + "; ".join(c.text for c in result.comparisons[:1]))
                 if done < len(configs):
                     check_stop()
+    except CapReached as exc:  # what it measured is stored; the run fails saying so
+        error = str(exc)
+        logger.error("run %d: %s", run_id, error)
     except BaseException as exc:
         if cancelled := end_run(store, run_id, exc):
             return cancelled
         raise
-    status = store.finish_run(run_id)
+    status = store.finish_run(run_id, error=error)
     path, markdown = write_report(store, run_id, directory)
     finished(run_id)
     create_markdown_artifact(markdown=markdown, key="replaybench-ab", description=f"replaybench A/B run {run_id}")

@@ -25,17 +25,19 @@ from prefect.cache_policies import NO_CACHE
 from prefect.concurrency.sync import concurrency
 from prefect.exceptions import TerminationSignal
 from prefect.runtime import deployment, flow_run
-from prefect.states import Cancelled, Cancelling
+from prefect.states import Cancelled, Cancelling, Failed
 from pydantic import Field
 
 from flows.supervise import WorkerStopping, check_stop, stop_requested
 from replaybench.health import host_facts
 from replaybench.history import Verdict
+from replaybench.limits import CapReached, MeasuringCap
 from replaybench.params import RunParameters
 from replaybench.report import check_writable, reports_dir, write_report
 from replaybench.results import ConfigResult, MeasureSettings
 from replaybench.storage import Store
 from replaybench.summary import one_line
+from replaybench.unstored import store_result
 from replaybench.verdicts import CONFIRMATIONS, acknowledge, judge_run, store_verdicts
 from replaybench.worker import GPU_VARIABLE, MeasuringPool
 from replaybench.workload import BenchConfig, load_registry
@@ -45,6 +47,8 @@ GPU_LIMIT_VARIABLE = "REPLAYBENCH_GPU_LIMIT"
 POOL_VARIABLE = "REPLAYBENCH_POOL"
 HOST_VARIABLE = "REPLAYBENCH_HOST"  # this host's name in limit, queue and worker names
 NIGHTLY_GPU_WAIT_VARIABLE = "REPLAYBENCH_NIGHTLY_GPU_WAIT_S"
+GPU_LEASE_VARIABLE = "REPLAYBENCH_GPU_LEASE_S"
+MIN_LEASE_S = 60  # the shortest lease a Prefect server grants
 GPU_QUEUE_PREFIX = "gpu-"
 SHARD_DEPLOYMENT = "replaybench-shard/shard"
 
@@ -113,11 +117,17 @@ def progress(done: int, total: int, line: str) -> None:
 
 @task(cache_policy=NO_CACHE, task_run_name="{config.label}")
 def measure_config(
-    config: BenchConfig, settings: MeasureSettings, pool: MeasuringPool, store: Store, run_id: int
+    config: BenchConfig, settings: MeasureSettings, pool: MeasuringPool, store: Store, run_id: int,
+    cap: MeasuringCap | None = None,
 ) -> ConfigResult:
     result = pool.measure(config, settings)
-    store.add_result(run_id, result, gpu=gpu_label(pool.environment))  # committed now: a crash later loses nothing
+    # Committed now: a crash later loses nothing. Rows the database refuses are kept beside the report.
+    not_stored = store_result(store, run_id, result, gpu=gpu_label(pool.environment))
     get_run_logger().info(one_line(result))
+    if not_stored:
+        get_run_logger().error(not_stored)
+        if cap:
+            cap.not_stored(result)
     return result
 
 
@@ -142,6 +152,22 @@ def nightly_gpu_wait_s() -> float:
         raise ValueError(f"${NIGHTLY_GPU_WAIT_VARIABLE} must be a number of seconds, not {value!r}") from None
 
 
+def gpu_lease_s() -> float:
+    """The lease on the GPU's concurrency slot: the holder renews it while it measures (every
+    three quarters of it); where the holder is killed, the slot is free again once the lease has
+    run out and the server has noticed (``PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS``, 15 s
+    by default). The operator's ``$REPLAYBENCH_GPU_LEASE_S``, default 300 s (Prefect's), at least 60."""
+    value = os.environ.get(GPU_LEASE_VARIABLE, "300")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not MIN_LEASE_S <= seconds < float("inf"):
+        raise ValueError(f"${GPU_LEASE_VARIABLE} must be a number of seconds, at least {MIN_LEASE_S} "
+                         f"(the shortest lease a Prefect server grants), not {value!r}")
+    return seconds
+
+
 @contextmanager
 def gpu_lock(trigger: str = "adhoc"):
     """Exclusive use of this worker's GPU across every worker, run and person: a global concurrency
@@ -153,7 +179,7 @@ def gpu_lock(trigger: str = "adhoc"):
         if name:
             wait = nightly_gpu_wait_s() if trigger == "nightly" else None
             try:
-                held.enter_context(concurrency(name, occupy=1, strict=True, timeout_seconds=wait))
+                held.enter_context(concurrency(name, occupy=1, strict=True, timeout_seconds=wait, lease_duration=gpu_lease_s()))
             except TimeoutError:
                 raise GPUBusy(f"the GPU ({name}) stayed busy with other runs for {wait:.0f} s "
                               f"(${NIGHTLY_GPU_WAIT_VARIABLE}); this nightly run measured nothing") from None
@@ -165,13 +191,18 @@ class GPUBusy(RuntimeError):
 
 
 def measure_configs(run_id: int, configs: list[BenchConfig], parameters: RunParameters, store: Store,
-                    trigger: str = "adhoc") -> None:
+                    trigger: str = "adhoc", what: str = "config(s)") -> None:
+    """Measure ``configs`` into run ``run_id``; ``CapReached`` once the run has measured for its
+    cap (``replaybench.limits``), the configs measured until then stored."""
     logger = get_run_logger()
+    cap = MeasuringCap(store, run_id)
+    cap.check(len(configs), what)  # a shard whose siblings have used the run's time up
     with gpu_lock(trigger), MeasuringPool(parameters.processes, parameters.timeout_s) as pool:
         store.set_environment(run_id, pool.environment)
         settings = parameters.measure_settings()
         for done, config in enumerate(configs, 1):
-            result = measure_config(config, settings, pool, store, run_id)
+            cap.check(len(configs) - done + 1, what)
+            result = measure_config(config, settings, pool, store, run_id, cap)
             logger.info("%d/%d configs measured", done, len(configs))
             progress(done, len(configs), one_line(result))
             if done < len(configs):
@@ -214,11 +245,16 @@ def benchmark(
     logger.info("run %d: %d config(s), modes %s, %d shard(s)", run_id, len(configs), ", ".join(parameters.modes), shards)
     error = None
     try:
-        if shards > 1:
-            error = run_shards(run_id, configs, parameters, shards, store)
-        else:
-            measure_configs(run_id, configs, parameters, store, trigger)
-        confirm(run_id, parameters, store)
+        try:
+            if shards > 1:
+                error = run_shards(run_id, configs, parameters, shards, store)
+            else:
+                measure_configs(run_id, configs, parameters, store, trigger)
+            if error is None:  # a failed run is not judged: nothing to confirm
+                confirm(run_id, parameters, store)
+        except CapReached as exc:  # what it measured is stored; the run fails saying so
+            error = str(exc)
+            logger.error("run %d: %s", run_id, error)
     except BaseException as exc:
         if cancelled := end_run(store, run_id, exc):
             return cancelled
@@ -282,12 +318,20 @@ def confirm(run_id: int, parameters: RunParameters, store: Store) -> None:
     logger.info("run %d: %d config(s) look off tonight; measuring them %d more times in fresh processes",
                 run_id, len(configs), CONFIRMATIONS)
     settings = parameters.measure_settings()
+    cap = MeasuringCap(store, run_id)
+    left = CONFIRMATIONS * len(configs)
     for repeat in range(1, CONFIRMATIONS + 1):
+        cap.check(left, "same-night confirmation(s)")
         with gpu_lock(run.trigger), MeasuringPool(parameters.processes, parameters.timeout_s) as pool:
             for config in configs:
+                cap.check(left, "same-night confirmation(s)")
                 result = pool.measure(config, settings)
-                store.add_result(run_id, result, gpu=gpu_label(pool.environment), repeat=repeat)
+                left -= 1
+                not_stored = store_result(store, run_id, result, gpu=gpu_label(pool.environment), repeat=repeat)
                 logger.info("confirmation %d: %s", repeat, one_line(result))
+                if not_stored:
+                    logger.error(not_stored)
+                    cap.not_stored(result)
 
 
 def alert(store: Store, run_id: int, verdicts: dict) -> None:
@@ -365,8 +409,9 @@ def run_shards(run_id: int, configs: list[BenchConfig], parameters: RunParameter
                     client.set_flow_run_state(run_id_, Cancelling(message="the run's parent was stopped"), force=True)
                 raise
             time.sleep(2)
-    failed = [f"shard {i} {states[i].name if i in states else 'did not finish in time'}" for i, _ in started
-              if i not in states or not states[i].is_completed()]
+    failed = [f"shard {i} " + (f"{states[i].name}" + (f": {states[i].message}" if states[i].message else "")
+                               if i in states else "did not finish in time")
+              for i, _ in started if i not in states or not states[i].is_completed()]
     for line in failed:
         logger.error(line)
     return "; ".join(failed) or None
@@ -394,9 +439,13 @@ def shard(run_id: int, token: Annotated[str, Field(max_length=64)]) -> int:
     stored, configs, trigger = store.claim_shard(run_id, token)
     parameters = FlowParameters(**{k: v for k, v in stored.items() if k in FlowParameters.model_fields})
     try:
-        measure_configs(run_id, [BenchConfig(c["workload"], c["params"]) for c in configs], parameters, store, trigger)
+        measure_configs(run_id, [BenchConfig(c["workload"], c["params"]) for c in configs], parameters, store, trigger,
+                        what="config(s) of this shard")
     except WorkerStopping as exc:  # the parent run stores the interruption
         return Cancelled(message=str(exc))
+    except CapReached as exc:  # the parent names it in the run's error
+        get_run_logger().error("run %d: %s", run_id, exc)
+        return Failed(message=str(exc))
     return len(configs)
 
 

@@ -217,6 +217,8 @@ def cmd_run(args) -> int:
         run = Store(args.db).run(run_id)
         path = reports_dir(args.reports) / f"{run_id}.md"
         print(f"run {run_id} {run.status.replace('_', ' ')}: report {path} (also {path.parent / 'latest.md'})")
+        if run.error:
+            console.print(f"run {run_id}: {run.error}", soft_wrap=True, markup=False, highlight=False)
         return 0 if run.status == "completed" else 1
 
     flows_benchmark.cli_trigger = args.trigger
@@ -379,6 +381,8 @@ def cmd_ab(args) -> int:
         run = store.run(run_id)
         path = reports_dir(args.reports) / f"{run_id}.md"
         console.print(f"run {run_id} {run.status.replace('_', ' ')}: report {path}")
+        if run.error:
+            console.print(f"run {run_id}: {run.error}", soft_wrap=True, markup=False, highlight=False)
         return 0 if run.status == "completed" else 1
 
     with _measuring(args.db, len(configs), finished):
@@ -465,6 +469,7 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
 
 
 def cmd_report(args) -> int:
+    check_writable(reports_dir(args.reports), create=False)  # before the store is opened or made
     store = _store(args)
     run_id = store.run(args.run_id).id
     if args.baseline is not None:
@@ -611,11 +616,28 @@ def _settings_to_environment(args) -> None:
             os.environ[variable] = getattr(args, name)
 
 
+def _check_worker_settings() -> None:
+    """The operator's settings that a worker's or serve's flow runs read, checked at its start."""
+    from flows.benchmark import gpu_lease_s, nightly_gpu_wait_s
+
+    from .params import max_configs, max_run_s
+
+    max_configs()
+    max_run_s()
+    try:
+        gpu_lease_s()
+        nightly_gpu_wait_s()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def cmd_serve(args) -> int:
     from flows.deployments import NIGHTLY_CRON, TIMEZONE
     from flows.orchestration import serve
     from flows.supervise import supervise
 
+    _check_worker_settings()
+    check_writable(reports_dir(args.reports), create=False)  # before anything is written or started
     _store(args)
     check_writable(reports_dir(args.reports))
     _settings_to_environment(args)
@@ -640,6 +662,8 @@ def cmd_worker(args) -> int:
     from flows.orchestration import worker_command
     from flows.supervise import supervise
 
+    _check_worker_settings()
+    check_writable(reports_dir(args.reports), create=False)  # before anything is written or started
     _store(args)
     check_writable(reports_dir(args.reports))
     _settings_to_environment(args)

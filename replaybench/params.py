@@ -31,6 +31,23 @@ def max_configs() -> int:
         raise WorkloadError(f"${MAX_CONFIGS_VARIABLE} must be a whole number, not {value!r}") from None
 
 
+MAX_RUN_VARIABLE = "REPLAYBENCH_MAX_RUN_S"
+DEFAULT_MAX_RUN_S = 6 * 3600
+
+
+def max_run_s() -> float:
+    """The most seconds one run may spend measuring its configs (``replaybench.limits``): the
+    operator's to set, like ``max_configs``; a form or a deployment parameter cannot raise it."""
+    value = os.environ.get(MAX_RUN_VARIABLE, str(DEFAULT_MAX_RUN_S))
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise WorkloadError(f"${MAX_RUN_VARIABLE} must be a positive number of seconds, not {value!r}")
+    return seconds
+
+
 class Selection(BaseModel):
     """What to measure and how precisely: shared by runs and A/B runs."""
 
@@ -70,6 +87,14 @@ class Selection(BaseModel):
         if len(configs) > limit:
             raise WorkloadError(f"the selection holds {len(configs)} configs, more than the {limit} a run may measure "
                                 f"(${MAX_CONFIGS_VARIABLE}, set where the runs are measured)")
+        # Each config's timed rounds may take its whole time budget: a run asking for more than
+        # the cap allows is refused before it starts (preparing and finishing come on top, and a
+        # run that still reaches the cap stops there: replaybench.limits).
+        budget, cap = len(configs) * self.time_budget_s, max_run_s()
+        if budget > cap:
+            raise WorkloadError(f"the selection's time budget, {len(configs)} config{'s' if len(configs) != 1 else ''} x {self.time_budget_s:g} s of timed rounds "
+                                f"= {budget:g} s, is more than the {cap:g} s a run may measure "
+                                f"(${MAX_RUN_VARIABLE}, set where the runs are measured)")
         return configs
 
 

@@ -139,7 +139,7 @@ class ConfigResult(BaseModel):
     load_average: list[float] | None = None
     health_before: dict[str, Any] | None = None
     health_after: dict[str, Any] | None = None
-    measuring_s: float | None = None
+    measuring_s: float | None = None  # the time measuring it took, from preparing to finishing, retries included
     attempts: int = 1
     # The measuring process cannot be trusted after this config (sticky CUDA error): restart it.
     process_unusable: bool = False

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, create_engine, event, select
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, DataError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship, sessionmaker
 
 from .results import ConfigResult, ModeResult
@@ -36,6 +36,11 @@ SHARDS_PENDING = "shards_pending"  # in a sharded run's parameters: token -> con
 
 class StoreError(RuntimeError):
     """The database cannot be used; the message says which URL and why, in one line."""
+
+
+class NotStored(RuntimeError):
+    """The database refused a result's rows (a ``DataError``: a value too long for its column,
+    say): retrying cannot help. The message is the database's first line."""
 
 
 def utcnow() -> datetime:
@@ -422,6 +427,9 @@ class Store:
                     raise
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+            except DataError as exc:
+                first = str(exc.orig if getattr(exc, "orig", None) else exc).strip().splitlines()
+                raise NotStored(f"DataError: {first[0] if first else type(exc).__name__}") from None
 
     def add_plan(self, run_id: int, data: dict[str, Any]) -> None:
         self._write(lambda: [Plan(run_id=run_id, workload=data["workload"], params=data["params"], data=data)])
@@ -437,21 +445,45 @@ class Store:
 
     def finish_run(self, run_id: int, error: str | None = None, interrupted: str | None = None) -> str:
         """Set the run's final status: interrupted (by the signal named), failed with ``error``,
-        completed with failures, or completed; its finished results stay. Its verdicts are judged
-        and stored afterwards (``replaybench.verdicts.store_verdicts``); an interrupted run's never."""
+        completed with failures (a failed or crashed result, or a config the database refused:
+        ``note_not_stored``), or completed; its finished results stay, and so do the notes of
+        configs not stored, after the error. Its verdicts are judged and stored afterwards
+        (``replaybench.verdicts.store_verdicts``); an interrupted run's never."""
         with self.session.begin() as s:
             run = s.get(Run, run_id)
             statuses = set(s.scalars(select(Result.status).where(Result.run_id == run_id)))
+            notes = run.error if run.status == "running" else None  # configs not stored, so far
             if interrupted:
-                run.status, run.error = "interrupted", f"interrupted by {interrupted}"
+                run.status, run.error = "interrupted", _joined(f"interrupted by {interrupted}", notes)
             elif error:
-                run.status, run.error = "failed", error
-            elif statuses & {"failed", "crashed"}:
+                run.status, run.error = "failed", _joined(error, notes)
+            elif statuses & {"failed", "crashed"} or notes:
                 run.status = "completed_with_failures"
             else:
                 run.status = "completed"
             run.ended_at = utcnow()
             return run.status
+
+    def note_not_stored(self, run_id: int, line: str) -> None:
+        """Record in a running run's error that one of its configs could not be stored (its rows
+        refused by the database) and where its measurement was kept instead; the run then ends
+        completed with failures at best."""
+        with self.session.begin() as s:
+            run = s.get(Run, run_id, with_for_update=True)
+            run.error = _joined(run.error, line)
+
+    def measuring_s(self, run_id: int) -> float:
+        """Seconds a run's stored configs took to measure, added up over its configs (each counted
+        once, its confirmations apart; an A/B run's two variants measure a config together), over
+        every shard of a sharded run."""
+        with self.session() as s:
+            rows = s.execute(select(Result.workload, Result.params_key, Result.repeat, Result.health)
+                             .where(Result.run_id == run_id)).all()
+        took: dict[tuple, float] = {}
+        for workload, key, repeat, health in rows:
+            seconds = (health or {}).get("measuring_s") or 0.0
+            took[(workload, key, repeat)] = max(took.get((workload, key, repeat), 0.0), seconds)
+        return sum(took.values())
 
     def configs_kept(self, run_id: int) -> int:
         """Configs with a stored result in a run (each counted once)."""
@@ -476,7 +508,7 @@ class Store:
         with self.session.begin() as s:
             run = s.get(Run, run_id)
             if run.status == "running":
-                run.status, run.error = "crashed", reason
+                run.status, run.error = "crashed", _joined(reason, run.error)
                 run.ended_at = run.ended_at or utcnow()
 
     def acknowledge(self, workload: str, params_key: str, mode: str, metric: str, first_run_id: int, note: str | None) -> bool:
@@ -510,6 +542,10 @@ class Store:
     def runs(self, limit: int = 50) -> list[Run]:
         with self.session() as s:
             return list(s.scalars(select(Run).order_by(Run.id.desc()).limit(limit)))
+
+
+def _joined(*parts: str | None) -> str | None:
+    return "; ".join(p for p in parts if p) or None
 
 
 def _apply_environment(run: Run, env: dict[str, Any]) -> None:

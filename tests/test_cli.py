@@ -37,16 +37,117 @@ def replaybench(*args, cwd, env=None):
         (["--db", "postgres ql://u:pw@h/x"], "malformed database URL 'postgres ql://u:***@h/x'"),
         (["--db", "postgresql://u:pw@127.0.0.1:notaport/x"], "malformed database URL 'postgresql://u:***@127.0.0.1"),
         (["--full-grid"], "the selection holds 381 configs, more than the 100 a run may measure"),
+        (["--time-budget", "40"], "the selection's time budget, 19 configs x 40 s of timed rounds = 760 s, is more than "
+                                  "the 600 s a run may measure ($REPLAYBENCH_MAX_RUN_S, set where the runs are measured)"),
     ],
 )
 def test_bad_input_one_line_nonzero_exit_nothing_written(tmp_path, args, message):
     (tmp_path / "a_file").write_text("not a directory")
-    out = replaybench("run", *args, cwd=tmp_path, env={"REPLAYBENCH_MAX_CONFIGS": "100"})
+    out = replaybench("run", *args, cwd=tmp_path, env={"REPLAYBENCH_MAX_CONFIGS": "100", "REPLAYBENCH_MAX_RUN_S": "600"})
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
     assert ":pw@" not in out.stderr  # no password in any message
     assert not (tmp_path / "replaybench.db").exists()
     assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.slow
+def test_an_unwritable_report_directory_is_one_line_and_starts_nothing_on_the_server(tmp_path):
+    """Each command that writes reports refuses a report directory it cannot write in, before it
+    opens the store or calls the Prefect server: no flow run, deployment, work pool or limit."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from .prefect_server import prefect_server
+
+    home, work = tmp_path / "prefect", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (work / "a_file").write_text("not a directory")
+    (work / "variants.toml").write_text("[variants.a]\n[variants.b]\n")
+    commands = [["run", "-w", "seed_mlp"], ["ab", "a", "b", "-w", "seed_mlp"], ["serve"], ["worker", "--gpu", "0"], ["report"]]
+    with prefect_server(home) as api:
+        env = {"PREFECT_API_URL": api, "PREFECT_HOME": str(home)}
+        for command in commands:
+            out = replaybench(*command, "--reports", "a_file/reports", cwd=work, env=env)
+            assert out.returncode == 2, (command, out.stderr[-3000:])
+            assert out.stderr.count("\n") == 1 and out.stderr.startswith(
+                "replaybench: error: report directory 'a_file/reports' is not writable"), (command, out.stderr[-3000:])
+        with temporary_settings({PREFECT_API_URL: api}), get_client(sync_client=True) as client:
+            assert client.read_flow_runs() == []
+            assert client.read_deployments() == []
+            assert client.read_work_pools() == []
+            assert client.read_global_concurrency_limits() == []
+    assert sorted(p.name for p in work.iterdir()) == ["a_file", "variants.toml"]  # no database, no reports
+
+
+@pytest.mark.parametrize("command", [["run"], ["ab", "a", "b"]])
+@pytest.mark.parametrize("cap, message", [
+    ("10", "the selection's time budget, 1 config x 12 s of timed rounds = 12 s, is more than the 10 s a run may measure"),
+    ("soon", "$REPLAYBENCH_MAX_RUN_S must be a positive number of seconds, not 'soon'"),
+])
+def test_a_run_whose_budget_passes_the_measuring_time_cap_is_refused_before_it_starts(tmp_path, command, cap, message):
+    (tmp_path / "variants.toml").write_text("[variants.a]\n[variants.b]\n")
+    out = replaybench(*command, "-w", "seed_mlp", "--time-budget", "12", cwd=tmp_path, env={"REPLAYBENCH_MAX_RUN_S": cap})
+    assert out.returncode == 2
+    assert out.stderr == f"replaybench: error: {message}" + ("" if message.endswith("'soon'") else
+                                                             " ($REPLAYBENCH_MAX_RUN_S, set where the runs are measured)") + "\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["variants.toml"]
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("REPLAYBENCH_GPU_LEASE_S", "30", "$REPLAYBENCH_GPU_LEASE_S must be a number of seconds, at least 60 (the shortest lease a "
+                                      "Prefect server grants), not '30'"),
+    ("REPLAYBENCH_MAX_RUN_S", "0", "$REPLAYBENCH_MAX_RUN_S must be a positive number of seconds, not '0'"),
+])
+@pytest.mark.parametrize("command", [["worker", "--gpu", "0"], ["serve"]])
+def test_a_worker_or_serve_with_a_bad_operator_setting_does_not_start(tmp_path, command, variable, value, message):
+    out = replaybench(*command, cwd=tmp_path, env={variable: value})
+    assert out.returncode == 2 and out.stderr == f"replaybench: error: {message}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+SLOW_BUILD = '''
+"""A small MLP that takes a second to build: each config measures for a second or more."""
+import time
+
+import torch
+from replaybench.workload import Built, Workload
+
+
+def build(params, device, dtype):
+    time.sleep(1.0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).to(device=device, dtype=dtype).eval()
+    return Built(fn=model.requires_grad_(False), inputs=(torch.randn(params["batch_size"], 32, device=device, dtype=dtype),))
+
+
+WORKLOAD = Workload(name="slow_build", description="a small MLP, slow to build", build=build,
+                    grid={"batch_size": [1, 2, 3, 4, 5], "dtype": ["float32"]})
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["run", "--processes", "1"], ["ab", "a", "b", "--variants", "variants.toml", "--processes", "2"]])
+def test_a_run_that_reaches_the_measuring_time_cap_stops_and_keeps_what_it_measured(tmp_path, command):
+    """Five configs of a second or more each (a second per measuring process: four of them in the
+    A/B run), 0.1 s of timed rounds each (0.5 s in all, within the cap), and a cap of 2.5 s: the run
+    stops after one to three configs, stored failed with what it measured and why, and says so in
+    its report and on the terminal."""
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "slow_build.py").write_text(SLOW_BUILD)
+    (tmp_path / "variants.toml").write_text("[variants.a]\n[variants.b]\n")
+    out = replaybench(*command, "-w", "slow_build", "--time-budget", "0.1", cwd=tmp_path,
+                      env={"REPLAYBENCH_WORKLOADS_PATH": str(tmp_path / "user"), "REPLAYBENCH_MAX_RUN_S": "2.5"})
+    assert out.returncode == 1, out.stderr[-3000:]
+    run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
+    kept = len({r.params_key for r in run.results})
+    assert run.status == "failed" and 1 <= kept <= 3, (run.status, kept, run.error)
+    assert run.error.startswith("measuring-time cap reached: the run measured for ")
+    assert run.error.endswith(f"its cap is 2.5 s ($REPLAYBENCH_MAX_RUN_S); {5 - kept} config(s) not measured")
+    assert all(r.status == "ok" for r in run.results if r.mode == "eager")
+    report = (tmp_path / "reports" / f"{run.id}.md").read_text()
+    assert "status **failed**" in report and f"Run error: {run.error}" in report
+    assert f"run {run.id}: {run.error}" in out.stderr
 
 
 def test_report_prints_a_stored_run(tmp_path):

@@ -104,3 +104,40 @@ def test_a_nightly_run_waits_for_a_busy_gpu_only_so_long_then_fails_saying_so(ha
             benchmark(parameters=RunParameters(workloads=["seed_mlp"], time_budget_s=0.2, processes=1))
     run = Store(db_url).run()
     assert run.trigger == "nightly" and run.status == "failed" and "stayed busy" in run.error and run.results == []
+
+
+def test_a_run_whose_budget_passes_the_measuring_time_cap_fails_before_it_starts(harness, settings, monkeypatch):
+    db_url, reports = settings
+    monkeypatch.setenv("REPLAYBENCH_MAX_RUN_S", "5")  # where the flow runs: the worker's environment
+    state = benchmark(parameters=RunParameters(workloads=["seed_mlp"], time_budget_s=6), return_state=True)
+    assert state.is_failed()
+    assert "the selection's time budget, 1 config x 6 s of timed rounds = 6 s, is more than the 5 s a run may measure" \
+        in state.message
+    assert Store(db_url).runs() == [] and not reports.exists()
+
+
+def test_the_shards_of_a_run_stop_at_its_measuring_time_cap_together(harness, settings, monkeypatch, tmp_path):
+    """Shards add up to one run's measuring time: one stops once the run has measured for its cap,
+    and a shard that starts after that measures nothing; each ends Failed saying so."""
+    from flows.benchmark import shard
+
+    from .test_cli import SLOW_BUILD
+
+    db_url, _ = settings
+    (tmp_path / "user").mkdir()
+    (tmp_path / "user" / "slow_build.py").write_text(SLOW_BUILD)
+    monkeypatch.setenv("REPLAYBENCH_WORKLOADS_PATH", str(tmp_path / "user"))
+    monkeypatch.setenv("REPLAYBENCH_MAX_RUN_S", "1.5")
+    store = Store(db_url)
+    run_id = store.create_run("nightly", {"time_budget_s": 0.1, "processes": 1, "shards": 2})
+    configs = [{"workload": "slow_build", "params": {"batch_size": b, "dtype": "float32"}} for b in (1, 2, 3, 4)]
+    store.add_shard(run_id, "first", configs[:3])
+    store.add_shard(run_id, "second", configs[3:])
+    first = shard(run_id=run_id, token="first", return_state=True)
+    kept = store.configs_kept(run_id)
+    assert first.is_failed() and 1 <= kept <= 2, (first, kept)
+    assert first.message.startswith("measuring-time cap reached: the run measured for ")
+    assert first.message.endswith(f"its cap is 1.5 s ($REPLAYBENCH_MAX_RUN_S); {3 - kept} config(s) of this shard not measured")
+    second = shard(run_id=run_id, token="second", return_state=True)
+    assert second.is_failed() and second.message.endswith("; 1 config(s) of this shard not measured")
+    assert store.configs_kept(run_id) == kept and store.measuring_s(run_id) >= 1.5

@@ -5,6 +5,7 @@ REPLAYBENCH_TEST_POSTGRES_URL. Every test works in a database of its own, create
 the test and dropped afterwards, so that no test sees another's rows.
 """
 
+import json
 import multiprocessing as mp
 import os
 import secrets
@@ -276,3 +277,70 @@ def test_processes_opening_a_new_database_at_once_all_succeed(open_store, pg_url
     errors = [p.communicate(timeout=120)[1] for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [e.strip().splitlines()[-1] for e in errors if e.strip()]
     assert len(open_store().runs()) == 4
+
+
+LINEAR = '''
+import torch
+from replaybench.workload import Built, Workload
+
+
+def build(params, device, dtype):
+    model = torch.nn.Linear(16, 16).to(device=device, dtype=dtype).eval().requires_grad_(False)
+    return Built(fn=model, inputs=(torch.randn(params["batch_size"], 16, device=device, dtype=dtype),))
+
+
+WORKLOAD = Workload(name={name!r}, description="a linear layer", build=build,
+                    grid={{"batch_size": [1], "dtype": ["float32"], "label": [{label!r}]}})
+'''
+
+
+@pytest.mark.slow
+def test_a_config_the_database_refuses_is_kept_beside_the_report_and_the_run_goes_on(pg_url, open_store, tmp_path):
+    """A grid value that makes the config's key longer than its column (512 characters): PostgreSQL
+    refuses the rows with a DataError. The measurement is written as JSON beside the report, the run
+    says so, and the next config is measured and stored."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "oversize.py").write_text(LINEAR.format(name="oversize", label="x" * 600))
+    (user / "steady.py").write_text(LINEAR.format(name="steady", label="short"))
+    env = {**os.environ, "REPLAYBENCH_WORKLOADS_PATH": str(user), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    env.pop("PREFECT_API_URL", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "replaybench.cli", "run", "-w", "oversize", "-w", "steady", "--db", pg_url,
+         "--processes", "1", "--time-budget", "0.2", "--confirm-limit", "0"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 1, out.stderr[-3000:]  # completed with failures, not a failed task
+    run = open_store(migrate=False).run()
+    assert run.status == "completed_with_failures"
+    assert {r.workload for r in run.results} == {"steady"}  # measured after the refused config
+    (kept,) = (tmp_path / "reports" / f"{run.id}-unstored").iterdir()
+    body = json.loads(kept.read_text())
+    assert body["run_id"] == run.id and "value too long for type character varying(512)" in body["not_stored"]
+    assert body["result"]["workload"] == "oversize" and body["result"]["params"]["label"] == "x" * 600
+    eager = next(m for m in body["result"]["modes"] if m["mode"] == "eager")
+    assert eager["status"] == "ok" and eager["throughput"]["value"] > 0 and eager["throughput"]["blocks"]
+    assert run.error.startswith("oversize(") and "not stored (DataError: value too long" in run.error
+    assert f"reports/{run.id}-unstored/{kept.name}" in run.error
+    report = (tmp_path / "reports" / f"{run.id}.md").read_text()
+    assert "status **completed with failures**" in report and f"reports/{run.id}-unstored/{kept.name}" in report
+    assert "## steady" in report
+
+
+def test_an_ab_result_the_database_refuses_is_kept_as_json_and_noted(open_store, tmp_path):
+    from replaybench.ab import ABResult
+    from replaybench.unstored import store_result
+    from replaybench.workload import BenchConfig
+
+    store = open_store()
+    run_id = store.create_run("ab", {})
+    a = known_result()
+    a.params = {**a.params, "label": "y" * 600}
+    config = BenchConfig("seed_mlp", a.params)
+    line = store_result(store, run_id, ABResult(config=config, a=a, b=a.model_copy(deep=True)), directory=tmp_path)
+    (kept,) = (tmp_path / f"{run_id}-unstored").iterdir()
+    assert line.startswith("seed_mlp(") and str(kept) in line and "DataError" in line
+    body = json.loads(kept.read_text())
+    assert body["kind"] == "ABResult" and body["result"]["a"]["params"]["label"] == "y" * 600
+    assert store.run(run_id).results == []
+    assert store.finish_run(run_id) == "completed_with_failures" and store.run(run_id).error == line
