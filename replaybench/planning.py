@@ -14,8 +14,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .params import PlanParameters
+from .params import MAX_RUN_VARIABLE, PlanParameters, max_run_s
 from .plan import MiB, Costs, PlanError, Planner, Traffic, common_schedules, expected, parse_sizes, parse_traffic, trace_prediction
+from .worker import Died, Stuck
 from .workload import Registry
 
 class PlanFailed(RuntimeError):
@@ -62,12 +63,24 @@ def make_plan(parameters: PlanParameters, registry: Registry, request: Callable[
     schedules = common_schedules(largest)
     measured_sizes = sorted(set(candidates).union(*schedules.values()))
     eager_sizes = sorted(traffic.probabilities)
-    deadline = time.monotonic() + parameters.timeout_s
+    limit_s = min(parameters.timeout_s, max_run_s())
+    deadline = time.monotonic() + limit_s
+
+    def ask(message: tuple) -> dict:
+        try:
+            answer = request(message, deadline)
+        except Stuck as exc:
+            raise PlanFailed(f"{config.label}: no answer within {limit_s:g} s (the plan's timeout, or ${MAX_RUN_VARIABLE}); "
+                             f"the measuring process was killed{exc}") from None
+        except Died as exc:
+            raise PlanFailed(f"{config.label}: {exc}") from None
+        if not answer.get("ok"):
+            raise PlanFailed(f"{config.label}: {answer.get('reason')}")
+        return answer
+
     options = {"calls": 200, "passes": parameters.passes, "seed": SEED}
     say(f"measuring {len(measured_sizes)} batch sizes (capture, check, replay) and {len(eager_sizes)} eagerly")
-    reply = request(("plan_sizes", config.workload, config.params, measured_sizes, eager_sizes, options), deadline)
-    if not reply.get("ok"):
-        raise PlanFailed(f"{config.label}: {reply.get('reason')}")
+    reply = ask(("plan_sizes", config.workload, config.params, measured_sizes, eager_sizes, options))
     failed = {int(k): v for k, v in reply["failed"].items()}
     per_size = {int(k): v for k, v in reply["sizes"].items()}
     eager = {int(k): v for k, v in reply["eager"].items()}
@@ -116,9 +129,7 @@ def make_plan(parameters: PlanParameters, registry: Registry, request: Callable[
             return
         say(f"capturing {len(todo)} set(s)" + (f" and replaying a trace of {len(trace)} batches through each" if timed else ""))
         sets = {str(i): e["sizes"] for i, e in enumerate(todo)}
-        answer = request(("plan_sets", sets, trace, timed), deadline)
-        if not answer.get("ok"):
-            raise PlanFailed(f"{config.label}: {answer.get('reason')}")
+        answer = ask(("plan_sets", sets, trace, timed))
         for i, e in enumerate(todo):
             e["measured"] = answer["sets"][str(i)]
         if timed:
