@@ -17,8 +17,9 @@ from prefect.runtime import flow_run
 from pydantic import Field
 
 from flows.benchmark import end_run, finished, gpu_lock, refuse_when_stopping
+from flows.supervise import check_stop
 from replaybench.health import host_facts
-from replaybench.params import PlanParameters
+from replaybench.params import PlanParameters, max_run_s
 from replaybench.plan import Traffic
 from replaybench.planning import PlanFailed, make_plan, resolve_traffic
 from replaybench.report import check_writable, reports_dir, write_report
@@ -44,6 +45,7 @@ def plan(parameters: PlanFlowParameters = PlanFlowParameters()) -> int:
     logger = get_run_logger()
     registry = load_registry()
     config = parameters.config(registry)  # bad input fails here, before any measuring
+    max_run_s()  # a malformed operator cap too
     resolve_traffic(parameters, cli_traffic)
     directory = check_writable(reports_dir())
     store = Store()
@@ -56,7 +58,9 @@ def plan(parameters: PlanFlowParameters = PlanFlowParameters()) -> int:
     try:
         with gpu_lock(), MeasuringProcess(measuring_cores(cores, 1, gpu_slot())[0], parameters.timeout_s) as process:
             store.set_environment(run_id, process.environment)
-            data = make_plan(parameters, registry, process.request, traffic=cli_traffic, say=logger.info)
+            # Between steps, a stopping worker stops the plan (Cancelled), as it stops a run between configs.
+            data = make_plan(parameters, registry, process.request, traffic=cli_traffic,
+                             say=lambda line: (check_stop(), logger.info(line)))
         store.add_plan(run_id, data)
     except PlanFailed as exc:
         error = str(exc)

@@ -391,7 +391,7 @@ def cmd_ab(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from .params import PlanParameters
+    from .params import PlanParameters, max_run_s
     from .plan import read_traffic_file
     from .planning import resolve_traffic
 
@@ -409,6 +409,7 @@ def cmd_plan(args) -> int:
         err = exc.errors()[0]
         raise UsageError(f"invalid {'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})") from None
     config = parameters.config(load_registry())
+    max_run_s()  # the operator's cap, checked before anything starts
     candidates, _ = resolve_traffic(parameters, None)
     traffic = read_traffic_file(args.traffic_file, candidates[-1]) if args.traffic_file else None
     check_writable(reports_dir(args.reports), create=False)

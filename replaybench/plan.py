@@ -35,6 +35,7 @@ MAX_TRAFFIC_FILE_BYTES = 64 * MiB
 MEMORY_UNITS = 20000  # the budget's resolution in the search: memory is rounded up to budget/units
 MIN_UNIT_BYTES = 512  # the CUDA caching allocator rounds every allocation to 512 bytes
 PRESETS = ("zipf", "uniform")
+MAX_TRAFFIC_SIZES = 1024  # distinct batch sizes: each is built and timed eagerly
 
 
 class PlanError(ValueError):
@@ -89,6 +90,9 @@ def _normalise(weights: dict[int, float], source: str) -> Traffic:
     total = sum(weights.values())
     if not weights or total <= 0:
         raise PlanError(f"traffic {source}: no batch has a positive weight")
+    if len(weights) > MAX_TRAFFIC_SIZES:
+        raise PlanError(f"traffic {source[:40]}: {len(weights)} distinct batch sizes, more than {MAX_TRAFFIC_SIZES}; "
+                        f"give weights to fewer sizes")
     return Traffic({s: w / total for s, w in sorted(weights.items()) if w > 0}, source)
 
 
@@ -120,6 +124,8 @@ def parse_traffic(text: str, largest: int) -> Traffic:
             raise PlanError(f"traffic: {sizes!r} must run upwards from 1 or more")
         if high > largest:
             raise PlanError(f"traffic: batch size {high} is above the largest candidate size, {largest}")
+        if high - low >= MAX_TRAFFIC_SIZES:
+            raise PlanError(f"traffic: {sizes!r} holds more than {MAX_TRAFFIC_SIZES} batch sizes")
         for b in range(low, high + 1):
             weights[b] = weights.get(b, 0.0) + w / (high - low + 1)
     return _normalise(weights, text)

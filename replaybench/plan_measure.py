@@ -129,8 +129,9 @@ class PlanSession:
                 failed[c] = f"capture failed: {describe(exc)}"
                 continue
             capture_s = clock() - start
-            facts[c] = {"capture_s": capture_s, "alone_bytes": torch.cuda.memory_reserved() - reserved,
-                        "held_bytes": torch.cuda.memory_allocated() - allocated}
+            # Never below zero: a capture may free a tensor that was allocated before it.
+            facts[c] = {"capture_s": capture_s, "alone_bytes": max(torch.cuda.memory_reserved() - reserved, 0),
+                        "held_bytes": max(torch.cuda.memory_allocated() - allocated, 0)}
             if why := self.check_graph(c, graph, outputs):
                 failed[c] = f"replay differs from eager: {why}"
                 continue

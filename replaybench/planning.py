@@ -147,7 +147,8 @@ def make_plan(parameters: PlanParameters, registry: Registry, request: Callable[
             m = e["measured"]
             if e["kind"] != "plan" or e["budget_bytes"] is None or m.get("status") != "ok" or m["memory_bytes"] <= e["budget_bytes"]:
                 break
-            lower = e["model_budget_bytes"] - (m["memory_bytes"] - e["budget_bytes"])
+            # Below the set's own modelled memory, or the search could find the same set again.
+            lower = min(e["model_budget_bytes"], e["expected"]["memory_bytes"]) - (m["memory_bytes"] - e["budget_bytes"])
             say(f"{e['name']}: {m['memory_bytes'] / MiB:.1f} MiB measured, over its budget; searching again")
             e.update(plan_within(e["name"], e["budget_bytes"], max(lower, 0)))
             capture([e])

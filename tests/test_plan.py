@@ -122,6 +122,10 @@ def test_traffic_presets_weights_and_files(tmp_path):
                      ("", "give a preset"), ("1:1," * 1500, "longer than"), ("1:nan", "not SIZE:WEIGHT")):
         with pytest.raises(PlanError, match=why):
             parse_traffic(bad, 8)
+    # Every distinct batch size is built and timed eagerly: a few characters must not ask for 65536.
+    for bad in ("1-65536:1", "uniform", "zipf"):
+        with pytest.raises(PlanError, match="more than 1024"):
+            parse_traffic(bad, 65536)
     observed = tmp_path / "batches.txt"
     observed.write_text("# batch sizes seen\n1 1 2\n3,3,3\n")
     assert read_traffic_file(observed, 8).probabilities == pytest.approx({1: 2 / 6, 2: 1 / 6, 3: 3 / 6})
@@ -148,8 +152,13 @@ def cli(*args, cwd):
     (("no_such_workload",), "unknown workload"),
     (("--traffic-file", "missing.txt"), "traffic file missing.txt"),
     (("--calls", "5"), "calls"),
+    (("--candidates", "1-65536:256", "--traffic", "uniform"), "more than 1024"),
+    (("--max-run-s", "abc"), "REPLAYBENCH_MAX_RUN_S must be a positive number"),
 ])
-def test_bad_plan_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, args, why):
+def test_bad_plan_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, args, why, monkeypatch):
+    if args == ("--max-run-s", "abc"):  # the operator's cap, from the environment
+        monkeypatch.setenv("REPLAYBENCH_MAX_RUN_S", "abc")
+        args = ()
     result = cli(*args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and why in result.stderr and result.stderr.startswith("replaybench: error:")
