@@ -68,7 +68,8 @@ class Selection(BaseModel):
     precision: float = Field(
         0.02, ge=0.001, le=0.5, description="stop once every reported 95% interval is within +/- this of its figure"
     )
-    time_budget_s: float = Field(3.0, gt=0, le=600, description="seconds of timed rounds per config, all modes together")
+    time_budget_s: float = Field(6.0, gt=0, le=600, description="seconds of timed rounds per config, all modes together: at most; "
+                                  "from half of it on, rounds stop once every interval is within 4x the precision target")
     min_units: int = Field(6, ge=3, le=10_000, description="fewest undisturbed timed units per measuring process")
     processes: int = Field(
         6, ge=1, le=16, description="measuring processes per GPU; each config is timed in every one, in turn"

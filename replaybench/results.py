@@ -31,7 +31,8 @@ class MeasureSettings(BaseModel):
         0.02, gt=0, le=0.5, description="target relative half-width of every reported 95% interval (speedups included)"
     )
     min_units: int = Field(6, ge=3, le=10_000, description="fewest undisturbed timed units per measuring process")
-    time_budget_s: float = Field(3.0, gt=0, le=600, description="seconds of timed rounds per config, all modes together")
+    time_budget_s: float = Field(6.0, gt=0, le=600, description="seconds of timed rounds per config, all modes together: at most; "
+                                  "from half of it on, rounds stop once every interval is within 4x the precision target")
     block_s: float = Field(0.005, gt=0, le=1, description="target duration of one timed block")
     warmup_iters: int = Field(20, ge=1, le=100_000)
     seed: int = 0

@@ -266,7 +266,8 @@ def _measure_once(members, config, settings, deadline) -> ConfigResult:
     started = time.monotonic()
     prepared, reports = prepare_in(members, config, settings, deadline)
     timed = [m for m in settings.modes if all(m in r["timed"] for r in reports)]
-    units, completed = time_rounds(prepared, timed, settings, deadline, reports, lambda units: interim(units, timed))
+    units, completed = time_rounds(prepared, timed, settings, deadline, reports, lambda units: interim(units, timed),
+                                   settle=True)
     finishes = finish_in(prepared, timed if completed else [], deadline)
     return assemble(config, settings, reports, units, finishes, cpu_cores=[m.core for m in prepared],
                     measuring_s=time.monotonic() - started)
@@ -287,13 +288,15 @@ def prepare_in(members, config, settings, deadline, options: dict | None = None,
     return prepared, reports
 
 
-def time_rounds(members, timed, settings, deadline, reports: list[dict], estimates, order=None) -> tuple[list[Units], bool]:
+def time_rounds(members, timed, settings, deadline, reports: list[dict], estimates, order=None,
+                settle: bool = False) -> tuple[list[Units], bool]:
     """Rounds of timed units in each process in turn until ``settings``' stopping rule is met over
     ``estimates(units)`` (the reported estimates and each process's kept units); and whether they
-    completed. ``order(r)``, if given, lists the members' indices in the order they time round r.
+    completed. ``order(r)``, if given, lists the members' indices in the order they time round r;
+    ``settle`` is the rule's (``replaybench.stats.StoppingRule``).
     A process whose timing fails appends its reply to ``reports`` and ends the rounds."""
     units = [Units() for _ in members]
-    rule = StoppingRule(settings.precision, settings.min_units, settings.time_budget_s)
+    rule = StoppingRule(settings.precision, settings.min_units, settings.time_budget_s, settle)
     started = time.monotonic()
     r = 0
     while timed:

@@ -86,6 +86,61 @@ def test_the_stopping_rule_stops_on_the_reported_interval_with_real_units(calibr
 
 
 @pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    """Per config of the default suite's H200 run (3 s of rounds each; benchmarks/data/README.md),
+    its measuring processes' units as stored."""
+    from replaybench.analysis import stored_units
+    from replaybench.storage import Store
+
+    copy = tmp_path_factory.mktemp("suite") / "suite.db"
+    copy.write_bytes((DATA / "h200-default-suite-run-2.db").read_bytes())
+    rows: dict = defaultdict(dict)
+    for r in Store(f"sqlite:///{copy}").run(1).results:
+        if r.status == "ok":
+            rows[(r.workload, r.params_key)][r.mode] = r
+    return {key: stored_units(modes) for key, modes in rows.items()}
+
+
+def replay_rounds(units: list[Units], rule: StoppingRule, budget_units: int) -> int:
+    """Units per process at which ``rule`` stops, replaying stored units two a round with the
+    budget spent at ``budget_units`` (time stands in as units timed)."""
+    for k in range(2, budget_units + 1, 2):
+        f = figures([Units(u.ref_before[:k], u.ref_after[:k], {m: b[:k] for m, b in u.blocks.items()}) for u in units], MODES)
+        kept = [int(f.masks[i].sum()) for i in f.used]
+        if rule.done(f.estimates, kept if 2 * len(f.used) >= len(f.masks) else [], rule.budget_s * k / budget_units):
+            return k
+    return budget_units
+
+
+def cut(units: list[Units], k: int) -> list[Units]:
+    return [Units(u.ref_before[:k], u.ref_after[:k], {m: b[:k] for m, b in u.blocks.items()}) for u in units]
+
+
+def test_the_budgets_second_half_goes_to_the_configs_still_too_wide_to_act_on(suite):
+    """The H200 suite's units replayed under the settling rule, each config's stored length as its
+    budget: most configs stop past half of it, within 4x the target; the one whose figure rested
+    on two processes (+/-95% at half the budget) carries on to the end and comes out narrower.
+    Without settling, the fewest-units guard alone carries almost every config to the budget."""
+    settling = StoppingRule(precision=0.02, min_units=6, budget_s=6.0, settle=True)
+    plain = StoppingRule(precision=0.02, min_units=6, budget_s=6.0)
+    early, to_the_end, plain_to_the_end = [], [], 0
+    for key, units in suite.items():
+        total = min(len(u) for u in units) // 2 * 2
+        stop = replay_rounds(units, settling, total)
+        if stop < total:
+            assert stop >= total // 2
+            early.append(max(e.rel_halfwidth for e in figures(cut(units, stop), MODES).estimates))
+        else:
+            to_the_end.append((max(e.rel_halfwidth for e in figures(cut(units, total // 2), MODES).estimates),
+                               max(e.rel_halfwidth for e in figures(units, MODES).estimates)))
+        plain_to_the_end += replay_rounds(units, plain, total) == total
+    assert len(suite) == 19 and len(early) >= 15 and max(early) <= 0.08
+    at_half, at_end = max(to_the_end)
+    assert at_half > 0.5 and at_end < at_half
+    assert plain_to_the_end >= 17
+
+
+@pytest.fixture(scope="module")
 def trace():
     """The host-noise trace of another H200 VM: per config, rounds of four processes in turn."""
     rows = [json.loads(line) for line in gzip.open(DATA / "h200-host-noise.jsonl.gz", "rt")]

@@ -95,3 +95,15 @@ def test_stopping_rule_waits_for_every_process_then_for_every_interval_then_the_
     assert rule.done([tight, tight], [6, 8], 0.5)
     assert not rule.done([tight, wide], [6, 8], 2.9)  # the speedup, say, is not there yet
     assert rule.done([tight, wide], [6, 8], 3.0)  # budget spent: stop, and the flags say so
+
+
+def test_settling_stops_from_half_the_budget_within_four_times_the_target():
+    rule = StoppingRule(precision=0.02, min_units=6, budget_s=6.0, settle=True)
+    near, wide = Estimate(10.0, 9.3, 10.7), Estimate(10.0, 8.9, 11.1)  # +/-7% and +/-11%
+    assert not rule.done([near], [6, 8], 2.9)  # before half the budget: the target itself
+    assert rule.done([near], [6, 8], 3.0)
+    assert rule.done([near], [3, 4], 3.0)  # the fewest-units guard is waived from there
+    assert not rule.done([near], [], 3.0)  # but not the figures resting on half the processes
+    assert not rule.done([near, wide], [6, 8], 5.9)  # still too wide to act on: the rest of the budget
+    assert rule.done([near, wide], [6, 8], 6.0)
+    assert not StoppingRule(precision=0.02, min_units=6, budget_s=6.0).done([near], [6, 8], 3.0)
