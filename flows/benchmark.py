@@ -250,11 +250,14 @@ def benchmark(
                 error = run_shards(run_id, configs, parameters, shards, store)
             else:
                 measure_configs(run_id, configs, parameters, store, trigger)
-            if error is None:  # a failed run is not judged: nothing to confirm
-                confirm(run_id, parameters, store)
         except CapReached as exc:  # what it measured is stored; the run fails saying so
             error = str(exc)
             logger.error("run %d: %s", run_id, error)
+        if error is None:  # a failed run is not judged: nothing to confirm
+            try:
+                confirm(run_id, parameters, store)
+            except CapReached as exc:  # every config was measured: judged on the confirmations made
+                logger.warning("run %d: same-night confirmations stopped: %s", run_id, exc)
     except BaseException as exc:
         if cancelled := end_run(store, run_id, exc):
             return cancelled
