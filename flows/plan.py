@@ -24,6 +24,7 @@ from replaybench.plan import Traffic
 from replaybench.planning import PlanFailed, make_plan, resolve_traffic
 from replaybench.report import check_writable, reports_dir, write_report
 from replaybench.storage import Store
+from replaybench.unstored import store_plan
 from replaybench.worker import MeasuringProcess, gpu_slot, measuring_cores
 from replaybench.workload import load_registry
 
@@ -61,10 +62,13 @@ def plan(parameters: PlanFlowParameters = PlanFlowParameters()) -> int:
             # Between steps, a stopping worker stops the plan (Cancelled), as it stops a run between configs.
             data = make_plan(parameters, registry, process.request, traffic=cli_traffic,
                              say=lambda line: (check_stop(), logger.info(line)))
-        store.add_plan(run_id, data)
+        if not_stored := store_plan(store, run_id, data, directory):
+            logger.error(not_stored)
     except PlanFailed as exc:
         error = str(exc)
         logger.error("run %d failed: %s", run_id, error)
+        if exc.partial and (not_stored := store_plan(store, run_id, exc.partial, directory)):
+            logger.error(not_stored)
     except BaseException as exc:
         if cancelled := end_run(store, run_id, exc):
             return cancelled

@@ -20,7 +20,11 @@ from .worker import Died, Stuck
 from .workload import Registry
 
 class PlanFailed(RuntimeError):
-    """The measuring went wrong (no CUDA device, a workload error): the run fails saying why."""
+    """The measuring went wrong (no CUDA device, a workload error): the run fails saying why.
+    ``partial`` holds what was measured before, once every size was (the plan's data without its
+    sets), so that minutes of measuring are kept with the failure."""
+
+    partial: dict[str, Any] | None = None
 
 
 REPLANS = 3  # a plan measured over its budget is searched again, at most this many times
@@ -110,15 +114,6 @@ def make_plan(parameters: PlanParameters, registry: Registry, request: Callable[
         found = entry(name, "plan", Planner(costs, traffic, model_budget).best(model_budget), budget_bytes)
         return {**found, "model_budget_bytes": model_budget}
 
-    entries = [plan_within("plan", budget)]
-    for name, sizes in schedules.items():
-        broken = [c for c in sizes if c in failed]
-        e = entry(name, "common", [c for c in sizes if c not in failed])
-        if broken:
-            e["measured"] = {"status": "failed", "reason": f"size {broken[0]}: {failed[broken[0]]}"}
-        entries.append(e)
-    entries.append(entry("every candidate", "reference", [c for c in ok if c in candidates]))
-
     beside: dict[str, dict] = {}  # each size's time measured in the passes that replay the trace
 
     def capture(todo: list[dict], timed: bool = False) -> None:
@@ -135,41 +130,58 @@ def make_plan(parameters: PlanParameters, registry: Registry, request: Callable[
         if timed:
             beside.update(answer["beside"])
 
-    capture(entries)
-    # The search runs on the memory model, which can put a set above its measured memory: it is
-    # given at least the schedule's own modelled memory, so that the schedule itself is a candidate.
-    for e in [e for e in entries if e["kind"] == "common" and e["measured"].get("status") == "ok"]:
-        measured = e["measured"]["memory_bytes"]
-        entries.append(plan_within(f"plan within {e['name']}'s memory", measured, max(measured, e["expected"]["memory_bytes"])))
-    capture(entries)
-    for e in entries:  # a plan measured over its budget is searched again under less
-        for _ in range(REPLANS):
+    def record(entries: list[dict]) -> dict[str, Any]:
+        return {
+            "workload": config.workload, "params": config.params, "label": config.label,
+            "candidates": candidates, "traffic": {"source": traffic.source, "probabilities": sorted(traffic.probabilities.items())},
+            "budget_bytes": budget, "calls": parameters.calls, "passes": parameters.passes, "seed": SEED,
+            "sizes": [{"size": c, **per_size.get(c, {}), "eager": eager.get(c), "failed": failed.get(c),
+                       "graph_beside": beside.get("graph", {}).get(c), "eager_beside": beside.get("eager", {}).get(c)}
+                      for c in sorted(set(per_size) | set(eager) | set(failed))],
+            "schedules": entries,
+        }
+
+    try:
+        entries = [plan_within("plan", budget)]
+        for name, sizes in schedules.items():
+            broken = [c for c in sizes if c in failed]
+            e = entry(name, "common", [c for c in sizes if c not in failed])
+            if broken:
+                e["measured"] = {"status": "failed", "reason": f"size {broken[0]}: {failed[broken[0]]}"}
+            entries.append(e)
+        entries.append(entry("every candidate", "reference", [c for c in ok if c in candidates]))
+
+
+        capture(entries)
+        # The search runs on the memory model, which can put a set above its measured memory: it is
+        # given at least the schedule's own modelled memory, so that the schedule itself is a candidate.
+        for e in [e for e in entries if e["kind"] == "common" and e["measured"].get("status") == "ok"]:
+            measured = e["measured"]["memory_bytes"]
+            entries.append(plan_within(f"plan within {e['name']}'s memory", measured, max(measured, e["expected"]["memory_bytes"])))
+        capture(entries)
+        for e in entries:  # a plan measured over its budget is searched again under less
+            for _ in range(REPLANS):
+                m = e["measured"]
+                if e["kind"] != "plan" or e["budget_bytes"] is None or m.get("status") != "ok" or m["memory_bytes"] <= e["budget_bytes"]:
+                    break
+                # Below the set's own modelled memory, or the search could find the same set again.
+                lower = min(e["model_budget_bytes"], e["expected"]["memory_bytes"]) - (m["memory_bytes"] - e["budget_bytes"])
+                say(f"{e['name']}: {m['memory_bytes'] / MiB:.1f} MiB measured, over its budget; searching again")
+                e.update(plan_within(e["name"], e["budget_bytes"], max(lower, 0)))
+                capture([e])
+        capture([e for e in entries if e["measured"].get("status") == "ok"], timed=True)
+        # The trace predicted again from each size's time measured beside it: the model's own error,
+        # without the host's drift since the sizes were first timed.
+        beside_costs = Costs({**costs.eager_s, **{b: t["s"] for b, t in beside.get("eager", {}).items()}},
+                             {c: t["s"] for c, t in beside.get("graph", {}).items()}, costs.alone_bytes, costs.held_bytes)
+        for e in entries:
             m = e["measured"]
-            if e["kind"] != "plan" or e["budget_bytes"] is None or m.get("status") != "ok" or m["memory_bytes"] <= e["budget_bytes"]:
-                break
-            # Below the set's own modelled memory, or the search could find the same set again.
-            lower = min(e["model_budget_bytes"], e["expected"]["memory_bytes"]) - (m["memory_bytes"] - e["budget_bytes"])
-            say(f"{e['name']}: {m['memory_bytes'] / MiB:.1f} MiB measured, over its budget; searching again")
-            e.update(plan_within(e["name"], e["budget_bytes"], max(lower, 0)))
-            capture([e])
-    capture([e for e in entries if e["measured"].get("status") == "ok"], timed=True)
-    # The trace predicted again from each size's time measured beside it: the model's own error,
-    # without the host's drift since the sizes were first timed.
-    beside_costs = Costs({**costs.eager_s, **{b: t["s"] for b, t in beside.get("eager", {}).items()}},
-                         {c: t["s"] for c, t in beside.get("graph", {}).items()}, costs.alone_bytes, costs.held_bytes)
-    for e in entries:
-        m = e["measured"]
-        e["within_budget"] = e["budget_bytes"] is None or (m.get("status") == "ok" and m["memory_bytes"] <= e["budget_bytes"])
-        replayed = m.get("replay", {}).get("s")
-        e["predicted_beside_s"] = trace_prediction(beside_costs, e["sizes"], trace) if replayed else None
-        e["agreement"] = replayed / e["predicted_beside_s"] - 1 if replayed else None
-        e["drift"] = replayed / e["predicted_trace_s"] - 1 if replayed else None
-    return {
-        "workload": config.workload, "params": config.params, "label": config.label,
-        "candidates": candidates, "traffic": {"source": traffic.source, "probabilities": sorted(traffic.probabilities.items())},
-        "budget_bytes": budget, "calls": parameters.calls, "passes": parameters.passes, "seed": SEED,
-        "sizes": [{"size": c, **per_size.get(c, {}), "eager": eager.get(c), "failed": failed.get(c),
-                   "graph_beside": beside.get("graph", {}).get(c), "eager_beside": beside.get("eager", {}).get(c)}
-                  for c in sorted(set(per_size) | set(eager) | set(failed))],
-        "schedules": entries,
-    }
+            e["within_budget"] = e["budget_bytes"] is None or (m.get("status") == "ok" and m["memory_bytes"] <= e["budget_bytes"])
+            replayed = m.get("replay", {}).get("s")
+            e["predicted_beside_s"] = trace_prediction(beside_costs, e["sizes"], trace) if replayed else None
+            e["agreement"] = replayed / e["predicted_beside_s"] - 1 if replayed else None
+            e["drift"] = replayed / e["predicted_trace_s"] - 1 if replayed else None
+    except PlanFailed as exc:
+        exc.partial = {**record([]), "incomplete": str(exc)}
+        raise
+    return record(entries)

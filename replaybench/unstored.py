@@ -1,4 +1,4 @@
-"""Storing one config's measurement, and keeping it where the database refuses it.
+"""Storing one config's measurement (or a capture plan), and keeping it where the database refuses it.
 
 A ``DataError`` (a value too long for its column on PostgreSQL, say) is not a passing fault: no
 retry stores those rows. The measurement, which may have taken minutes, is then written as JSON
@@ -38,8 +38,33 @@ def store_result(store: Store, run_id: int, result: BaseModel, gpu: str | None =
     label = f"{config.workload}({params_json(config.params)})"
     if len(label) > 200:
         label = label[:200] + "..."
+    digest = hashlib.sha1(params_json(config.params).encode()).hexdigest()[:12]
+    name = _safe(config.workload) + f"-{digest}" + (f"-repeat{repeat}" if repeat else "")
+    body = {"run_id": run_id, "not_stored": why, "gpu": gpu, "repeat": repeat, "kind": type(result).__name__,
+            "result": result.model_dump(mode="json")}
+    return _kept(store, run_id, label, why, name, body, directory)
+
+
+def store_plan(store: Store, run_id: int, data: dict, directory=None) -> str | None:
+    """Store a capture plan's data (``replaybench.planning``) in run ``run_id``, or keep it as JSON
+    beside the report where the database refuses it, as ``store_result`` does."""
     try:
-        path = keep(run_id, result, why, gpu, repeat, directory)
+        store.add_plan(run_id, data)
+        return None
+    except NotStored as exc:
+        why = str(exc)
+    name = "plan-" + _safe(data.get("workload", "workload"))
+    body = {"run_id": run_id, "not_stored": why, "kind": "plan", "plan": data}
+    return _kept(store, run_id, f"the capture plan of {str(data.get('label'))[:200]}", why, name, body, directory)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:64]
+
+
+def _kept(store: Store, run_id: int, label: str, why: str, name: str, body: dict, directory) -> str:
+    try:
+        path = keep(run_id, name, body, directory)
         line = f"{label} not stored ({why}); its measurement is kept in {path}"
     except OSError as exc:
         line = f"{label} not stored ({why}), nor written beside the report ({exc.strerror or exc})"
@@ -47,16 +72,11 @@ def store_result(store: Store, run_id: int, result: BaseModel, gpu: str | None =
     return line
 
 
-def keep(run_id: int, result: BaseModel, why: str, gpu: str | None, repeat: int, directory=None) -> Path:
-    """Write the raw result as JSON in ``<reports>/<run id>-unstored/``; returns its path."""
-    config = result.config if hasattr(result, "comparisons") else result
+def keep(run_id: int, name: str, body: dict, directory=None) -> Path:
+    """Write ``body`` as JSON in ``<reports>/<run id>-unstored/<name>.json``; returns its path."""
     folder = reports_dir(directory) / f"{run_id}-unstored"
     folder.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha1(params_json(config.params).encode()).hexdigest()[:12]
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", config.workload)[:64] + f"-{digest}" + (f"-repeat{repeat}" if repeat else "")
     path = folder / f"{name}.json"
-    body = {"run_id": run_id, "not_stored": why, "gpu": gpu, "repeat": repeat, "kind": type(result).__name__,
-            "result": result.model_dump(mode="json")}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(body, indent=1), encoding="utf-8")
     tmp.replace(path)

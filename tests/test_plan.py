@@ -201,3 +201,50 @@ def test_a_plan_measured_on_the_h200_is_stored_and_reported(tmp_path):
         assert any(row.startswith(f"| {e['name']}") for row in rows), e["name"]
     assert "![time per call against batch size](1-plan.png)" in text
     assert (tmp_path / "reports" / "1-plan.png").stat().st_size > 10_000
+
+
+def test_a_plan_that_fails_after_its_sizes_were_measured_keeps_them_and_reports_them(tmp_path):
+    """The measuring process answers each size as the H200 did (benchmarks/data/h200-plan.json),
+    then dies while capturing the sets: the failure carries every size's figures, which are stored
+    with the failed run and shown in its report, with no plan claimed."""
+    from replaybench.params import PlanParameters
+    from replaybench.planning import PlanFailed, make_plan
+    from replaybench.report import write_report
+    from replaybench.storage import Store
+    from replaybench.unstored import store_plan
+    from replaybench.worker import Died
+    from replaybench.workload import load_registry
+
+    h200 = json.loads(H200_PLAN.read_text())
+    recorded = {s["size"]: s for s in h200["sizes"]}
+    asked = []
+
+    def request(message, deadline):
+        asked.append(message[0])
+        if message[0] == "plan_sets":
+            raise Died("the measuring process was killed by signal SIGKILL")
+        _, workload, params, sizes, eager_sizes, _ = message
+        return {"ok": True, "failed": {},
+                "sizes": {c: {k: recorded[c][k] for k in ("capture_s", "alone_bytes", "held_bytes", "graph")} for c in sizes},
+                "eager": {b: recorded[b]["eager"] for b in eager_sizes}}
+
+    parameters = PlanParameters(workload="gpt_decode_step", candidates="1-256", traffic="zipf")
+    with pytest.raises(PlanFailed, match="killed by signal SIGKILL") as failure:
+        make_plan(parameters, load_registry(), request)
+    assert asked == ["plan_sizes", "plan_sets"]
+    partial = failure.value.partial
+    assert partial["schedules"] == [] and "SIGKILL" in partial["incomplete"]
+    assert [s["size"] for s in partial["sizes"]] == list(range(1, 257))
+    assert partial["sizes"][7]["graph"] == recorded[8]["graph"] and partial["sizes"][7]["eager"] == recorded[8]["eager"]
+
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    run_id = store.create_run("plan", parameters.model_dump(mode="json"), {"gpu_name": "NVIDIA H200"})
+    assert store_plan(store, run_id, partial, tmp_path / "reports") is None
+    assert store.finish_run(run_id, error=str(failure.value)) == "failed"
+    assert store.plan(run_id)["sizes"] == json.loads(json.dumps(partial["sizes"]))
+    _, text = write_report(store, run_id, tmp_path / "reports")
+    assert "status **failed**" in text and "## Measured before the plan failed" in text
+    assert "## The plan" not in text and "Capture **" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| 8 |")]
+    assert len(rows) == 1 and f"{recorded[8]['graph']['s'] * 1e6:.1f}" in rows[0]
+    assert (tmp_path / "reports" / f"{run_id}-plan.png").stat().st_size > 10_000

@@ -12,6 +12,7 @@ import secrets
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, func, inspect, select, text
@@ -24,6 +25,7 @@ BASE_URL = os.environ.get("REPLAYBENCH_TEST_POSTGRES_URL")
 if not BASE_URL:
     pytest.skip("set REPLAYBENCH_TEST_POSTGRES_URL (.ci/postgres.sh starts a server)", allow_module_level=True)
 
+H200_PLAN = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "h200-plan.json"
 ENV = {"torch": "2.11.0", "gpu_name": "NVIDIA H200", "gpu_driver": "580", "cuda": "13.0", "python": "3.12"}
 WRITE_SECONDS = 10.0
 
@@ -343,4 +345,19 @@ def test_an_ab_result_the_database_refuses_is_kept_as_json_and_noted(open_store,
     body = json.loads(kept.read_text())
     assert body["kind"] == "ABResult" and body["result"]["a"]["params"]["label"] == "y" * 600
     assert store.run(run_id).results == []
+    assert store.finish_run(run_id) == "completed_with_failures" and store.run(run_id).error == line
+
+
+def test_a_plan_the_database_refuses_is_kept_as_json_and_noted(open_store, tmp_path):
+    from replaybench.unstored import store_plan
+
+    store = open_store()
+    run_id = store.create_run("plan", {})
+    data = {**json.loads(H200_PLAN.read_text()), "workload": "w" * 300}  # longer than the column
+    line = store_plan(store, run_id, data, directory=tmp_path)
+    (kept,) = (tmp_path / f"{run_id}-unstored").iterdir()
+    assert line.startswith("the capture plan of ") and str(kept) in line and "DataError" in line
+    body = json.loads(kept.read_text())
+    assert body["kind"] == "plan" and body["plan"]["sizes"] == data["sizes"]
+    assert store.plan(run_id) is None
     assert store.finish_run(run_id) == "completed_with_failures" and store.run(run_id).error == line
