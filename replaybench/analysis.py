@@ -220,7 +220,7 @@ def assemble(
         measuring_s=measuring_s,
         process_unusable=any(r.get("process_unusable") for r in [*reports, *finishes]),
     )
-    return derive(result, settings, f, cpu_cores)
+    return derive(result, settings, f)
 
 
 def _latency_units(finish: dict, mode: str) -> Units | None:
@@ -244,21 +244,17 @@ def _host(units: list[Units], f: Figures) -> HostReference:
     )
 
 
-def derive(result: ConfigResult, settings: MeasureSettings, f: Figures | None = None, cores: list | None = None) -> ConfigResult:
-    """Break-even points, and the flags that say what an interval does not: a measuring process
-    left out, the host disturbed throughout, a throttled GPU. (An interval wider than the target
-    says so itself; ``precision_met`` records it, and the host table the share set aside.)"""
+def derive(result: ConfigResult, settings: MeasureSettings, f: Figures | None = None) -> ConfigResult:
+    """Break-even points, and the flags that say what an interval does not: the host disturbed
+    throughout (disturbed units counted), a throttled GPU. (An interval wider than the target says
+    so itself, and ``precision_met`` records it; a process left out narrows the witnesses, which
+    widens the interval, and the host table counts them and the units set aside.)"""
     eager = result.mode("eager")
     for r in result.modes:
         if r.status != "ok" or r.throughput is None:
             continue
-        if r.mode == "eager" and f is not None:
-            left_out = [i for i in range(len(f.masks)) if i not in f.used]
-            if f.all_disturbed:
-                r.flags.append("host disturbed throughout: no measuring process had undisturbed units, so every unit counts")
-            elif left_out:
-                where = ", ".join(f"core {cores[i]}" if cores and cores[i] is not None else f"process {i + 1}" for i in left_out)
-                r.flags.append(f"left out, disturbed throughout: the measuring process on {where}")
+        if r.mode == "eager" and f is not None and f.all_disturbed:
+            r.flags.append("host disturbed throughout: no measuring process had undisturbed units, so every unit counts")
         for when, h in (("before", result.health_before), ("after", result.health_after)):
             if h and h.get("throttled"):
                 r.flags.append(f"GPU throttled {when} measuring: {', '.join(h.get('throttle_reasons', []))}")

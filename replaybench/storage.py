@@ -159,10 +159,6 @@ class Result(Base):
 
     run: Mapped[Run] = relationship(back_populates="results")
 
-    @property
-    def noisy(self) -> bool:
-        return bool(self.flags)
-
     def process_values(self, metric: str = "throughput") -> list[float]:
         """Each measuring process's own figure of ``metric`` (its median over its kept blocks)."""
         return list(((self.samples or {}).get("process_values") or {}).get(metric) or [])
@@ -172,6 +168,13 @@ class Result(Base):
         """(timed units kept, timed units) over every measuring process."""
         kept = ((self.samples or {}).get("kept") or {}).get("throughput") or []
         return sum(map(bool, kept)), len(kept)
+
+    @property
+    def processes(self) -> tuple[int, int]:
+        """(measuring processes whose figures count, measuring processes that timed units): a
+        process with too few undisturbed units is left out (``replaybench.analysis.figures``)."""
+        sizes = ((self.samples or {}).get("per_process") or {}).get("throughput") or []
+        return len(self.process_values()), sum(1 for n in sizes if n)
 
 
 class Comparison(Base):

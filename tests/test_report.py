@@ -138,3 +138,24 @@ def test_launch_overhead_is_throughput_minus_gpu_time(db_url, tmp_path):
     stored = next(r for r in store.run(run_id).results if r.mode == "eager")
     overhead = stored.throughput_s - stored.gpu_s
     assert eager[6] == f"{overhead * 1e6:.1f} ({overhead / stored.throughput_s:.0%})"
+
+
+def test_the_host_table_counts_the_processes_each_figure_rests_on(tmp_path):
+    """The H200 default-suite run (benchmarks/data): per config, how many of its six measuring
+    processes had enough undisturbed units to count, as the figures were computed from them."""
+    from pathlib import Path
+
+    from replaybench.analysis import figures, stored_units
+
+    copy = tmp_path / "suite.db"
+    copy.write_bytes((Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "h200-default-suite-run-3.db").read_bytes())
+    store = Store(f"sqlite:///{copy}")
+    _, text = write_report(store, 1, tmp_path / "reports")
+    rows: dict = {}
+    for r in store.run(1).results:
+        rows.setdefault((r.workload, r.params_key), {})[r.mode] = r
+    counted = {key: modes["eager"].processes for key, modes in rows.items()}
+    assert {c for c, _ in counted.values()} >= {3, 6} and all(total == 6 for _, total in counted.values())
+    for key, modes in rows.items():  # as many as the figures, recomputed from the stored units, rest on
+        assert counted[key][0] == len(figures(stored_units(modes), list(modes)).used)
+    assert "| batch_size=1, depth=2, dtype=float32 | 32 of 228 (86% set aside) | 3 of 6 |" in text
