@@ -17,7 +17,7 @@ import pytest
 
 from replaybench.ab import interval, judge, ratio, ratios
 from replaybench.storage import Store
-from replaybench.variants import Variant, VariantError, load_variants, pick
+from replaybench.variants import VariantError, load_variants, pick
 from replaybench.workload import load_registry
 
 from .prefect_server import background, prefect_server

@@ -4,7 +4,6 @@ Deployments come from prefect.yaml, as a user registers them. CPU only."""
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
