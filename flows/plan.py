@@ -67,8 +67,7 @@ def plan(parameters: PlanFlowParameters = PlanFlowParameters()) -> int:
     except PlanFailed as exc:
         error = str(exc)
         logger.error("run %d failed: %s", run_id, error)
-        if exc.partial and (not_stored := store_plan(store, run_id, exc.partial, directory)):
-            logger.error(not_stored)
+        keep_partial(store, run_id, exc.partial, directory, logger)
     except BaseException as exc:
         if cancelled := end_run(store, run_id, exc):
             return cancelled
@@ -79,3 +78,14 @@ def plan(parameters: PlanFlowParameters = PlanFlowParameters()) -> int:
     create_markdown_artifact(markdown=markdown, key="replaybench-plan", description=f"replaybench capture plan, run {run_id}")
     logger.info("run %d %s; report: %s", run_id, status.replace("_", " "), path)
     return run_id
+
+
+def keep_partial(store: Store, run_id: int, partial: dict | None, directory, logger) -> None:
+    """Store what a failed plan measured; whatever goes wrong there, the run still ends failed."""
+    if not partial or not partial["sizes"]:
+        return
+    try:
+        if not_stored := store_plan(store, run_id, partial, directory):
+            logger.error(not_stored)
+    except Exception as exc:  # the store is unreachable: the failure itself is what must be recorded
+        logger.error("run %d: what the plan measured could not be kept: %s", run_id, exc)

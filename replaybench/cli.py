@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--timeout", type=float, metavar="SECONDS", help="per-config limit; a hung config is killed (default 600)")
 
     run = sub.add_parser("run", help="measure workloads through the Prefect flow and write a report")
-    selection(run, "default 3", "measuring processes per GPU, each config timed in all (default 6)")
+    selection(run, "at most; from half of it on, rounds stop once every interval is within 4x the precision; default 6", "measuring processes per GPU, each config timed in all (default 6)")
     run.add_argument("--confirm-limit", type=int, metavar="N",
                      help="configs measured twice more the same night when they look off (default 5; 0: never)")
     run.add_argument("--trigger", choices=("cli", "adhoc", "nightly"), default="cli")

@@ -21,8 +21,8 @@ from .workload import Registry
 
 class PlanFailed(RuntimeError):
     """The measuring went wrong (no CUDA device, a workload error): the run fails saying why.
-    ``partial`` holds what was measured before, once every size was (the plan's data without its
-    sets), so that minutes of measuring are kept with the failure."""
+    ``partial`` holds what was measured before, once every size was (the plan's data with only the
+    sets already captured, no plan claimed), so that minutes of measuring are kept with the failure."""
 
     partial: dict[str, Any] | None = None
 
@@ -141,8 +141,9 @@ def make_plan(parameters: PlanParameters, registry: Registry, request: Callable[
             "schedules": entries,
         }
 
+    entries: list[dict] = []
     try:
-        entries = [plan_within("plan", budget)]
+        entries.append(plan_within("plan", budget))
         for name, sizes in schedules.items():
             broken = [c for c in sizes if c in failed]
             e = entry(name, "common", [c for c in sizes if c not in failed])
@@ -182,6 +183,6 @@ def make_plan(parameters: PlanParameters, registry: Registry, request: Callable[
             e["agreement"] = replayed / e["predicted_beside_s"] - 1 if replayed else None
             e["drift"] = replayed / e["predicted_trace_s"] - 1 if replayed else None
     except PlanFailed as exc:
-        exc.partial = {**record([]), "incomplete": str(exc)}
+        exc.partial = {**record([e for e in entries if e["measured"]]), "incomplete": str(exc)}
         raise
     return record(entries)

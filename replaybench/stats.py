@@ -125,7 +125,7 @@ class StoppingRule:
         if not kept_per_process:
             return False
         if self.settle and elapsed_s >= self.budget_s / 2:
-            return all(e.rel_halfwidth <= SETTLE * self.precision for e in estimates)
+            return bool(estimates) and all(e.rel_halfwidth <= SETTLE * self.precision for e in estimates)
         if min(kept_per_process) < self.min_units:
             return False
         return all(e.rel_halfwidth <= self.precision for e in estimates)

@@ -68,7 +68,7 @@ def test_units_timed_while_the_core_ran_slow_are_set_aside():
     assert f.speedup["graph"].value == pytest.approx(8.0)
 
 
-def test_a_process_disturbed_throughout_is_left_out_and_named():
+def test_a_process_disturbed_throughout_is_left_out_without_a_flag():
     clean = [units([40e-6] * 10, [5e-6] * 10) for _ in range(3)]
     stuck = units([60e-6] * 10, [5e-6] * 10, [2 * REF] * 10)
     result = assemble(CONFIG, SETTINGS, [report()] * 4, [*clean, stuck], [finish()] * 4, cpu_cores=[15, 14, 13, 12])

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replaybench.analysis import Units, figures
+from replaybench.analysis import Units, figures, interim
 from replaybench.stats import StoppingRule
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
@@ -101,19 +101,17 @@ def suite(tmp_path_factory):
     return {key: stored_units(modes) for key, modes in rows.items()}
 
 
+def cut(units: list[Units], k: int) -> list[Units]:
+    return [Units(u.ref_before[:k], u.ref_after[:k], {m: b[:k] for m, b in u.blocks.items()}) for u in units]
+
+
 def replay_rounds(units: list[Units], rule: StoppingRule, budget_units: int) -> int:
     """Units per process at which ``rule`` stops, replaying stored units two a round with the
     budget spent at ``budget_units`` (time stands in as units timed)."""
     for k in range(2, budget_units + 1, 2):
-        f = figures([Units(u.ref_before[:k], u.ref_after[:k], {m: b[:k] for m, b in u.blocks.items()}) for u in units], MODES)
-        kept = [int(f.masks[i].sum()) for i in f.used]
-        if rule.done(f.estimates, kept if 2 * len(f.used) >= len(f.masks) else [], rule.budget_s * k / budget_units):
+        if rule.done(*interim(cut(units, k), MODES), rule.budget_s * k / budget_units):
             return k
     return budget_units
-
-
-def cut(units: list[Units], k: int) -> list[Units]:
-    return [Units(u.ref_before[:k], u.ref_after[:k], {m: b[:k] for m, b in u.blocks.items()}) for u in units]
 
 
 def test_the_budgets_second_half_goes_to_the_configs_still_too_wide_to_act_on(suite):

@@ -233,7 +233,7 @@ def test_a_plan_that_fails_after_its_sizes_were_measured_keeps_them_and_reports_
         make_plan(parameters, load_registry(), request)
     assert asked == ["plan_sizes", "plan_sets"]
     partial = failure.value.partial
-    assert partial["schedules"] == [] and "SIGKILL" in partial["incomplete"]
+    assert partial["schedules"] == [] and "SIGKILL" in partial["incomplete"]  # no set was captured
     assert [s["size"] for s in partial["sizes"]] == list(range(1, 257))
     assert partial["sizes"][7]["graph"] == recorded[8]["graph"] and partial["sizes"][7]["eager"] == recorded[8]["eager"]
 
@@ -244,7 +244,51 @@ def test_a_plan_that_fails_after_its_sizes_were_measured_keeps_them_and_reports_
     assert store.plan(run_id)["sizes"] == json.loads(json.dumps(partial["sizes"]))
     _, text = write_report(store, run_id, tmp_path / "reports")
     assert "status **failed**" in text and "## Measured before the plan failed" in text
-    assert "## The plan" not in text and "Capture **" not in text
+    assert "## The plan" not in text and "Capture **" not in text and "## Per size" in text
+    assert f"![time per call against batch size]({run_id}-plan.png)" in text
     rows = [line for line in text.splitlines() if line.startswith("| 8 |")]
     assert len(rows) == 1 and f"{recorded[8]['graph']['s'] * 1e6:.1f}" in rows[0]
     assert (tmp_path / "reports" / f"{run_id}-plan.png").stat().st_size > 10_000
+
+
+def test_a_plan_that_fails_while_replaying_the_trace_keeps_the_sets_it_had_captured(tmp_path):
+    """Sizes answered as on the H200, every set captured (memory: its sizes' own, added up), then
+    the measuring process dies replaying the trace: the sets captured so far are kept and shown as
+    such, no plan is claimed."""
+    from replaybench.params import PlanParameters
+    from replaybench.planning import PlanFailed, make_plan
+    from replaybench.report import write_report
+    from replaybench.storage import Store
+    from replaybench.unstored import store_plan
+    from replaybench.worker import Died
+    from replaybench.workload import load_registry
+
+    recorded = {s["size"]: s for s in json.loads(H200_PLAN.read_text())["sizes"]}
+
+    def request(message, deadline):
+        if message[0] == "plan_sets":
+            _, sets, trace, timed = message
+            if timed:
+                raise Died("the measuring process was killed by signal SIGKILL")
+            return {"ok": True, "sets": {k: {"status": "ok", "memory_bytes": sum(recorded[c]["alone_bytes"] for c in v),
+                                             "capture_s": sum(recorded[c]["capture_s"] for c in v)} for k, v in sets.items()}}
+        _, workload, params, sizes, eager_sizes, _ = message
+        return {"ok": True, "failed": {},
+                "sizes": {c: {k: recorded[c][k] for k in ("capture_s", "alone_bytes", "held_bytes", "graph")} for c in sizes},
+                "eager": {b: recorded[b]["eager"] for b in eager_sizes}}
+
+    parameters = PlanParameters(workload="gpt_decode_step", candidates="1-64", traffic="zipf", memory_budget_mib=20)
+    with pytest.raises(PlanFailed) as failure:
+        make_plan(parameters, load_registry(), request)
+    partial = failure.value.partial
+    names = [e["name"] for e in partial["schedules"]]
+    assert names[:3] == ["plan", "powers of two", "1, 2, 4 and multiples of 8"] and all(
+        e["measured"]["status"] == "ok" for e in partial["schedules"])
+    store = Store(f"sqlite:///{tmp_path / 'r.db'}")
+    run_id = store.create_run("plan", parameters.model_dump(mode="json"))
+    assert store_plan(store, run_id, partial, tmp_path / "reports") is None
+    store.finish_run(run_id, error=str(failure.value))
+    _, text = write_report(store, run_id, tmp_path / "reports")
+    assert "## Measured before the plan failed" in text and "Sets captured into one pool" in text
+    assert "Capture **" not in text and "| powers of two | 7 | 1, 2, 4, 8, 16, 32, 64 |" in text
+
