@@ -141,18 +141,16 @@ def make_plan(parameters: PlanParameters, registry: Registry, request: Callable[
             "schedules": entries,
         }
 
-    entries: list[dict] = []
-    try:
-        entries.append(plan_within("plan", budget))
-        for name, sizes in schedules.items():
-            broken = [c for c in sizes if c in failed]
-            e = entry(name, "common", [c for c in sizes if c not in failed])
-            if broken:
-                e["measured"] = {"status": "failed", "reason": f"size {broken[0]}: {failed[broken[0]]}"}
-            entries.append(e)
-        entries.append(entry("every candidate", "reference", [c for c in ok if c in candidates]))
+    entries = [plan_within("plan", budget)]
+    for name, sizes in schedules.items():
+        broken = [c for c in sizes if c in failed]
+        e = entry(name, "common", [c for c in sizes if c not in failed])
+        if broken:
+            e["measured"] = {"status": "failed", "reason": f"size {broken[0]}: {failed[broken[0]]}"}
+        entries.append(e)
+    entries.append(entry("every candidate", "reference", [c for c in ok if c in candidates]))
 
-
+    try:  # only the measuring process fails from here on: what it had measured goes with the failure
         capture(entries)
         # The search runs on the memory model, which can put a set above its measured memory: it is
         # given at least the schedule's own modelled memory, so that the schedule itself is a candidate.

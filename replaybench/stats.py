@@ -108,11 +108,11 @@ class StoppingRule:
     when ``budget_s`` is spent.
 
     With ``settle``, rounds also stop from half the budget on once every interval is within
-    ``SETTLE`` times the target (with ``min_units`` waived: on the H200 a process often kept fewer
-    than six undisturbed units in 3 s, which alone carried almost every config to its budget): the budget's second half goes only to configs whose figures are
-    still too wide to act on (on the H200, those whose processes' cores ran slow most of the time,
-    where a figure rested on two processes and its interval spanned +/-72%), not to configs already
-    at a few percent."""
+    ``SETTLE`` times the target, ``min_units`` waived (on the H200 a process often kept fewer than
+    six undisturbed units in 3 s, which alone carried almost every config to its budget). The
+    budget's second half then goes only to configs still too wide to act on (on the H200, one whose
+    processes' cores ran slow most of the time rested on two processes at +/-72%), not to configs
+    already at a few percent."""
 
     precision: float = 0.02
     min_units: int = 6
