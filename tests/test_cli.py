@@ -190,8 +190,9 @@ def test_a_killed_run_is_marked_crashed_at_the_next_start_with_finished_results_
     import time
 
     proc = subprocess.Popen(
+        # A target no interval meets: each config takes its whole budget, and the kill lands in the second.
         [sys.executable, "-m", "replaybench.cli", "run", "-w", "seed_mlp", "--set", "width=128,512",
-         "--processes", "1", "--time-budget", "20"],
+         "--processes", "1", "--time-budget", "20", "--precision", "0.001"],
         cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     db = tmp_path / "replaybench.db"
