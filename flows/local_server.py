@@ -7,6 +7,7 @@ And ``ServerWatch``, which tells a run that its server (temporary or not) stoppe
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import threading
@@ -61,6 +62,14 @@ def drain(timeout_s: float = 5) -> None:
 
     for service in (APILogWorker, EventsWorker):
         service.drain_all(timeout=timeout_s)
+
+
+def quiet_prefect() -> None:
+    """Once a run has said its server is gone, Prefect has nothing to add: its logs stop, and so do
+    the errors of sending logs queued before (a batch retried after the loss would print its
+    connection error past ``logging.disable``)."""
+    logging.disable(logging.CRITICAL)
+    logging.raiseExceptions = False
 
 
 def kill_server() -> None:

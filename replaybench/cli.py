@@ -270,7 +270,7 @@ def _measuring(store_url: str | None, total: int, finished: Callable[[int], int]
     import signal
 
     import flows.benchmark as flows_benchmark
-    from flows.local_server import ServerWatch, kill_server, temporary_server
+    from flows.local_server import ServerWatch, kill_server, quiet_prefect, temporary_server
     from prefect.exceptions import TerminationSignal
 
     from .worker import kill_all
@@ -301,7 +301,7 @@ def _measuring(store_url: str | None, total: int, finished: Callable[[int], int]
         os._exit(status)
 
     def on_lost() -> None:
-        logging.disable(logging.CRITICAL)  # Prefect's errors about the dead server: said once, below
+        quiet_prefect()  # Prefect's errors about the dead server: said once, below
         console.print(f"the Prefect server at {api_url} stopped answering: the run goes on and stores what it "
                       "measures; Prefect will not see the rest of it", soft_wrap=True)
         if ended:  # stored already, and waiting on the server

@@ -214,6 +214,35 @@ def test_a_run_whose_temporary_server_dies_measures_on_and_ends_within_seconds(t
     assert (tmp_path / "reports" / f"{run.id}.md").exists()
 
 
+QUEUED_LOG_TO_A_DEAD_SERVER = """
+import socket, sys
+from prefect.logging.handlers import APILogWorker
+from prefect.settings import PREFECT_API_URL, temporary_settings
+from flows.local_server import quiet_prefect
+
+free = socket.socket()
+free.bind(("127.0.0.1", 0))
+port = free.getsockname()[1]
+free.close()
+with temporary_settings({PREFECT_API_URL: f"http://127.0.0.1:{port}/api"}):
+    if sys.argv[1] == "quiet":
+        quiet_prefect()
+    APILogWorker.instance().send({"name": "replaybench", "level": 20, "message": "queued before the loss",
+                                  "timestamp": "2026-01-01T00:00:00Z", "flow_run_id": None, "task_run_id": None})
+    APILogWorker.drain_all(timeout=60)
+"""
+
+
+@pytest.mark.parametrize("mode", ["loud", "quiet"])
+def test_logs_queued_before_the_server_was_lost_fail_silently_once_it_is_said(mode):
+    # A log queued before the loss and sent after it printed Prefect's raw connection error under
+    # the run's own one line; the loud case shows this test sees that error where it is printed.
+    sent = subprocess.run([sys.executable, "-c", QUEUED_LOG_TO_A_DEAD_SERVER, mode], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).parents[1])
+    assert sent.returncode == 0, sent.stderr[-3000:]
+    assert ("Error logging to API" in sent.stderr) == (mode == "loud"), sent.stderr[-3000:]
+
+
 def test_ctrl_c_after_the_external_server_is_gone_still_exits_within_seconds(tmp_path):
     from .prefect_server import PROCESSES
 
