@@ -10,7 +10,8 @@ VMs each vCPU, independently of the others, spent 0.5-3 s at a time running the 
 at its own speed, and the share set aside is reported with it. What the filter cannot see is a
 change of the whole host's speed, on every core at once, over tens of seconds: there the
 reference moves with eager, and ``ModeResult.host_normalised`` (eager over the reference) is the
-steadier figure across runs (``benchmarks/interval_calibration.py``).
+steadier figure across runs (``benchmarks/interval_calibration.py``). Graph replay, which the
+GPU paces, is not slowed by a slow core: its figure counts every unit (``analysis.GPU_PACED``).
 
 A reported figure is the *typical process's* median: each measuring process's median over its
 kept blocks (for a speedup, over its kept units' eager/mode ratios: the two blocks of a unit were

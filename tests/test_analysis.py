@@ -79,6 +79,19 @@ def test_a_process_disturbed_throughout_is_left_out_without_a_flag():
     assert result.host.share_disturbed == pytest.approx(0.25)
 
 
+def test_graph_replay_counts_every_process_where_eager_leaves_a_disturbed_one_out():
+    # A process whose core ran slow throughout: eager and the speedup rest on the other three, graph
+    # replay (paced by the GPU, its blocks unmoved) on all four.
+    clean = [units([40e-6] * 10, [g] * 10) for g in (5.0e-6, 5.1e-6, 5.2e-6)]
+    stuck = units([60e-6] * 10, [5.3e-6] * 10, [2 * REF] * 10)
+    result = assemble(CONFIG, SETTINGS, [report()] * 4, [*clean, stuck], [finish()] * 4, cpu_cores=[15, 14, 13, 12])
+    eager, graph = result.mode("eager"), result.mode("graph")
+    assert len(eager.throughput.process_values) == 3 and len(graph.speedup_per_process) == 3
+    assert graph.throughput.process_values == pytest.approx([5.0e-6, 5.1e-6, 5.2e-6, 5.3e-6])
+    assert graph.throughput.value == pytest.approx(typical([[5.0e-6], [5.1e-6], [5.2e-6], [5.3e-6]]).value)
+    assert all(graph.throughput.kept) and not all(eager.throughput.kept)
+
+
 def test_when_every_unit_is_disturbed_every_unit_counts_and_the_flag_says_so():
     # Half the units of every process disturbed, leaving each fewer than three undisturbed ones.
     procs = [units([40e-6, 40e-6, 60e-6, 60e-6], [5e-6] * 4, [REF, REF, 2 * REF, 2 * REF]) for _ in range(4)]

@@ -179,3 +179,34 @@ def test_the_reference_block_sees_what_slows_eager_on_a_core(trace):
         ref = np.array([r["ref"] for r in rounds])
         eager = np.array([np.median(r["eager"]) for r in rounds])
         assert np.corrcoef(np.log(ref), np.log(eager))[0, 1] > 0.6
+
+
+@pytest.mark.parametrize("run", ["h200-default-suite-run-2.db", "h200-default-suite-run-3.db"])
+def test_a_slow_core_slows_eager_but_not_graph_replay_so_graph_figures_count_every_process(run, tmp_path):
+    """The premise of ``analysis.GPU_PACED`` on the H200 default-suite runs: within a process, graph
+    blocks timed while its core ran slow match its undisturbed ones, eager blocks do not; the graph
+    figure therefore rests on all six processes, where eager's often rests on three or four."""
+    from replaybench.analysis import stored_units
+    from replaybench.storage import Store
+
+    copy = tmp_path / run
+    copy.write_bytes((DATA / run).read_bytes())
+    store = Store(f"sqlite:///{copy}")
+    rows: dict = defaultdict(dict)
+    for r in store.run(1).results:
+        rows[r.params_key + r.workload][r.mode] = r
+    slower: dict[str, list[float]] = defaultdict(list)
+    for modes in rows.values():
+        units = stored_units(modes)
+        f = figures(units, ["eager", "graph"])
+        for u, kept in zip(units, f.masks):
+            if kept.sum() >= 3 and (~kept).sum() >= 3:
+                for mode in ("eager", "graph"):
+                    blocks = np.asarray(u.blocks[mode])
+                    slower[mode].append(np.median(blocks[~kept]) / np.median(blocks[kept]) - 1)
+        assert len(f.counted("graph")[1]) == len(units) == 6
+        assert len(f.counted("eager")[1]) == len(f.used)
+    assert len(slower["graph"]) >= 30
+    assert abs(statistics.median(slower["graph"])) < 0.01 and max(map(abs, slower["graph"])) < 0.05
+    assert statistics.median(slower["eager"]) > 0.2
+    assert sum(len(f) < 6 for f in [figures(stored_units(m), ["eager", "graph"]).used for m in rows.values()]) >= 10
