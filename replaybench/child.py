@@ -12,9 +12,32 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import os
+import select
 import signal
 import sys
+import threading
 from multiprocessing.connection import Connection
+
+
+def end_with(parent: int) -> None:
+    """End this process as soon as ``parent``, its orchestrating process, is gone, also when it was
+    killed with no chance to kill us: the closed pipe would tell us only after the request in hand
+    (a config, a hang up to its timeout), all the while holding the GPU. A thread blocked on the
+    parent's pidfd wakes only then, so timing never shares the interpreter with it. Linux 5.3+ and
+    Python 3.9+; elsewhere the closed pipe is the only sign."""
+    try:
+        parent_fd = os.pidfd_open(parent)
+    except ProcessLookupError:  # gone before we started
+        os._exit(1)
+    except (AttributeError, OSError):
+        return
+
+    def wait() -> None:
+        select.select([parent_fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="replaybench-parent-watch", daemon=True).start()
 
 
 def serve(conn, core: int | None, workload_paths: list[str], shadowing: list[str], trace_path: str | None = None) -> None:
@@ -64,6 +87,8 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     settings = json.loads(sys.argv[1])
+    if settings.get("parent"):
+        end_with(settings["parent"])
     conn = Connection(settings["fd"])
     serve(conn, settings["core"], settings["workload_paths"], settings["shadowing"], settings["trace_path"])
 

@@ -125,7 +125,7 @@ class MeasuringProcess:
         settings = {
             "fd": child.fileno(), "core": self.core, "workload_paths": self.extra_paths,
             "shadowing": [str(variant.workloads)] if variant and variant.workloads else [],
-            "trace_path": self.trace_path,
+            "trace_path": self.trace_path, "parent": os.getpid(),
         }
         try:
             self.process = subprocess.Popen([python, "-m", "replaybench.child", json.dumps(settings)],

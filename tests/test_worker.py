@@ -88,3 +88,42 @@ def test_workers_of_different_gpus_measure_on_different_cores(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("REPLAYBENCH_GPU", "3")
     assert gpu_slot() == 3
+
+
+ORPHANED = """
+import sys, time
+from replaybench.worker import MeasuringProcess
+from replaybench.workload import BenchConfig
+from replaybench.results import MeasureSettings
+
+process = MeasuringProcess(timeout_s=600, extra_workload_paths=[sys.argv[1]])
+process.start()
+print(process.process.pid, flush=True)
+process.measure(BenchConfig("fault_hang", {"batch_size": 1, "dtype": "float32"}), MeasureSettings())
+"""
+
+
+def test_a_measuring_process_ends_with_its_orchestrating_process_when_that_is_killed(tmp_path):
+    # SIGKILL leaves the orchestrating process no way to kill its measuring process, which was busy
+    # in a hung forward and ignores SIGINT and SIGTERM: it must end by itself, not at its timeout.
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from flows.supervise import alive
+
+    parent = subprocess.Popen([sys.executable, "-c", ORPHANED, FAULTS], stdout=subprocess.PIPE, text=True,
+                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    child = int(parent.stdout.readline())
+    time.sleep(3)  # into the hung forward
+    assert alive(child)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    still = alive(child)
+    if still:
+        os.kill(child, signal.SIGKILL)
+    assert not still, "the measuring process outlived its orchestrating process"
