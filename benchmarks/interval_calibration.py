@@ -12,7 +12,10 @@ run settings: processes, precision target, time budget), every config measured i
 - coverage: the share of runs whose interval holds the median of all runs' point estimates;
 - run-to-run spread of eager three ways: the reported figure (disturbed units set aside), all units
   counted, and eager divided by the host reference block (``stats``' docstring says why the first);
-- wall time per config.
+- wall time per config;
+- the speedup's and eager's interval across nights (``history.across_nights``), each run's made
+  with the other runs as its history (leave one out): its half-width, and the share of runs whose
+  interval holds the median of all runs' point estimates.
 ``--out`` keeps every run's figures (value and interval of each metric, per config) as JSON: the
 night-to-night noise of ``benchmarks/regression_detector.py`` comes from such a file. This is a
 benchmark, not a test: it prints figures and the targets, and never asserts.
@@ -33,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from replaybench.analysis import Units, figures  # noqa: E402
 from replaybench.health import host_facts  # noqa: E402
+from replaybench.history import Point, across_nights  # noqa: E402
 from replaybench.params import RunParameters  # noqa: E402
 from replaybench.stats import typical  # noqa: E402
 from replaybench.worker import MeasuringPool  # noqa: E402
@@ -47,6 +51,7 @@ NOISY = [  # the six configs with the widest speedup intervals in the H200 run o
     ("sdpa_attention", {"seq_len": 16}),
 ]
 METRICS = ("speedup", "eager", "graph", "graph_gpu")
+ACROSS = ("speedup", "eager")  # the figures that carry the host's state from run to run
 TARGETS = {"speedup": "median <= 8%, none above 20%", "graph": "<= 2%", "graph_gpu": "<= 2%"}
 
 
@@ -142,12 +147,20 @@ def spread(values) -> float:
     return max(values) / min(values) - 1 if len(values) > 1 else float("nan")
 
 
+def across(values: list[list[float]]) -> list[tuple[float, float] | None]:
+    """Each run's interval across nights, the other runs (in order) as its history."""
+    points = [Point(i, *v) for i, v in enumerate(values)]
+    return [across_nights(points[:k] + points[k + 1:], points[k], min_history=3) for k in range(len(points))]
+
+
 def summarize(runs: list[list[dict]]) -> None:
     keys = [(r["workload"], json.dumps(r["params"], sort_keys=True)) for r in runs[0]]
     print()
     print(f"{'config':<58} {'metric':<10} {'half-width':>10} {'max':>7} {'covered':>8}")
     overall: dict[str, list] = {m: [] for m in METRICS}
     covered: dict[str, list] = {m: [] for m in METRICS}
+    across_widths: dict[str, list] = {m: [] for m in ACROSS}
+    across_held: dict[str, list] = {m: [] for m in ACROSS}
     for i, (workload, params) in enumerate(keys):
         rows = [run[i] for run in runs]
         label = f"{workload} {params}"[:58]
@@ -163,6 +176,13 @@ def summarize(runs: list[list[dict]]) -> None:
             print(f"{label:<58} {metric:<10} {statistics.median(widths):>10.1%} {max(widths):>7.1%} "
                   f"{sum(hits)}/{len(hits):<6}")
             label = ""
+            found = [(v, a) for v, a in zip(values, across(values)) if a] if metric in ACROSS else []
+            if found:
+                held = [a[0] <= center <= a[1] for _, a in found]
+                across_widths[metric] += [(a[1] - a[0]) / 2 / v[0] for v, a in found]
+                across_held[metric] += held
+                print(f"{'':<58} {'  nights':<10} {statistics.median([(a[1] - a[0]) / 2 / v[0] for v, a in found]):>10.1%} "
+                      f"{max((a[1] - a[0]) / 2 / v[0] for v, a in found):>7.1%} {sum(held)}/{len(held):<6}")
         walls = [r["wall_s"] for r in rows]
         print(f"{'':<58} eager run-to-run spread: reported {spread([r['metrics']['eager'][0] for r in rows]):.1%}, "
               f"all units {spread([r.get('eager_all_units') for r in rows]):.1%}, "
@@ -175,6 +195,12 @@ def summarize(runs: list[list[dict]]) -> None:
             print(f"overall {metric:<10}: median half-width {statistics.median(w):.1%}, max {max(w):.1%}, "
                   f"covered {sum(covered[metric])}/{len(covered[metric])} ({np.mean(covered[metric]):.0%})"
                   + (f"   target {TARGETS[metric]}" if metric in TARGETS else ""))
+    for metric in ACROSS:
+        w = across_widths[metric]
+        if w:
+            print(f"across nights {metric:<10}: median half-width {statistics.median(w):.1%}, max {max(w):.1%}, "
+                  f"covered {sum(across_held[metric])}/{len(w)} ({np.mean(across_held[metric]):.0%}), "
+                  "each run's with the others as its history")
     print("coverage target: each config's interval holds the median of the runs' points in >= 90% of runs")
 
 

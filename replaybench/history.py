@@ -218,6 +218,25 @@ def _t_quantile(alpha: float, df: float) -> float:
     return float(sps.t.ppf(1 - alpha / 2, df))
 
 
+def across_nights(history: Sequence[Point], tonight: Point, confidence: float = 0.95,
+                  min_history: int = MIN_HISTORY) -> tuple[float, float] | None:
+    """Where the config's typical figure lies, seen from tonight's: tonight's value times
+    exp(+/- t sigma), sigma the run-to-run noise of the earlier nights (``noise``: the host's state
+    from run to run and each run's own error together) and t with the degrees of freedom that
+    estimate carries; never narrower than tonight's own interval. None with fewer than
+    ``min_history`` earlier nights.
+
+    A run's own interval says where that run's figure lies, for the host as it was during the run;
+    on the H200 and H100 VMs the whole host's speed moved eager, and with it the speedup, by more
+    than that from one run to the next (``benchmarks/interval_calibration.py``)."""
+    if len(history) < min_history:
+        return None
+    half = critical(history, 1 - confidence) * noise(history)
+    low, high = tonight.value * math.exp(-half), tonight.value * math.exp(half)
+    return (min(low, tonight.ci_low) if tonight.ci_low is not None else low,
+            max(high, tonight.ci_high) if tonight.ci_high is not None else high)
+
+
 def cause(points: Sequence[Point], index: int) -> str | None:
     """'torch 2.11.0 -> 2.12.0': what of the environment changed on the night of point ``index``, or
     on the night before or after it (a level's first night is only known to a night or so)."""

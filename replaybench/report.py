@@ -16,9 +16,10 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from .history import MIN_HISTORY
 from .results import MODE_LABELS, MODES
 from .storage import Result, Run, Store
-from .verdicts import report_regressions, run_verdicts
+from .verdicts import report_regressions, run_verdicts, speedups_across_nights
 
 TEMPLATES_VARIABLE = "REPLAYBENCH_TEMPLATES"
 REPORTS_VARIABLE = "REPLAYBENCH_REPORTS_DIR"
@@ -144,6 +145,8 @@ def context(run: Run, store: Store | None = None, baseline: int | None = None) -
     return {
         "open_regressions": report_regressions(store, run) if store is not None else [],
         "verdicts": verdicts,
+        "across_nights": speedups_across_nights(store, run) if store is not None else {},
+        "min_history": MIN_HISTORY,
         "verdict_counts": counts,
         "baseline": baseline,
         "run": run,

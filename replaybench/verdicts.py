@@ -27,7 +27,7 @@ from datetime import datetime
 
 from sqlalchemy import select, update
 
-from .history import Judgement, Point, Verdict, cause, compare, judge, noise, open_changes
+from .history import Judgement, Point, Verdict, across_nights, cause, compare, judge, noise, open_changes
 from .storage import Result, Run, Store
 
 HISTORY_NIGHTS = 90
@@ -189,6 +189,26 @@ def judge_figures(store: Store, run: Run, baseline: int | None = None, history: 
                     if moved:
                         j = replace(j, reason=f"{j.reason}; {moved} between the two runs", cause=moved)
             out[key].append((metric, j, rows))
+    return out
+
+
+def speedups_across_nights(store: Store, run: Run) -> dict[int, tuple[float, float, int]]:
+    """Result id -> (low, high, nights) for each speedup of ``run`` with enough nightly history:
+    the interval of ``history.across_nights`` around it, from the nights before the run."""
+    rows_by_key: dict[tuple, list[Result]] = defaultdict(list)
+    for r in _measured(run):
+        if r.speedup is not None:
+            rows_by_key[_key(r)].append(r)
+    if not rows_by_key:
+        return {}
+    history = _history(store, run, set(rows_by_key))
+    out = {}
+    for key, rows in rows_by_key.items():
+        nights = _points(history[key], SPEEDUP)
+        tonight = _point(run, rows, SPEEDUP)
+        found = across_nights(nights, tonight) if tonight is not None else None
+        if found is not None:
+            out.update({r.id: (*found, len(nights)) for r in rows})
     return out
 
 

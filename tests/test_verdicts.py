@@ -205,3 +205,29 @@ def test_the_history_is_read_through_the_index(store):
     with store.engine.connect() as c:
         plan = " ".join(str(row) for row in c.exec_driver_sql("EXPLAIN QUERY PLAN " + history[0][0], history[0][1]))
     assert "USING INDEX ix_results_history" in plan
+
+
+def test_the_report_gives_each_speedup_its_interval_across_nights_once_the_history_knows_the_noise(store, tmp_path):
+    from replaybench.history import MIN_HISTORY, Point, across_nights
+
+    rng = np.random.default_rng(3)
+    for night in range(MIN_HISTORY - 1):
+        add_night(store, night, noise=0.08, rng=rng)
+    early = add_night(store, MIN_HISTORY - 1, noise=0.08, rng=rng)
+    _, text = write_report(store, early, tmp_path / "early")
+    assert "; nights [" not in text and "typical speedup from night to night" not in text
+    for night in range(MIN_HISTORY, 12):
+        add_night(store, night, noise=0.08, rng=rng)
+    tonight = add_night(store, 12, noise=0.08, rng=rng)
+    _, text = write_report(store, tonight, tmp_path / "late")
+    assert "typical speedup from night to night" in text
+    history = [Point(r.run_id, r.speedup, r.speedup_ci_low, r.speedup_ci_high) for run in store.runs(50)[::-1][:-1]
+               for r in store.run(run.id).results if r.mode == "graph"]
+    graph = next(r for r in store.run(tonight).results if r.mode == "graph")
+    low, high = across_nights(history, Point(tonight, graph.speedup, graph.speedup_ci_low, graph.speedup_ci_high))
+    assert f"**{graph.speedup:.2f}x** [{graph.speedup_ci_low:.2f}x, {graph.speedup_ci_high:.2f}x]; nights [{low:.2f}x, {high:.2f}x]" in text
+    assert high / low > graph.speedup_ci_high / graph.speedup_ci_low  # eager's 8% noise from night to night
+    # An ad-hoc run is read against the same nightly history.
+    adhoc = add_night(store, 13, noise=0.08, rng=rng, trigger="cli")
+    _, text = write_report(store, adhoc, tmp_path / "adhoc")
+    assert "; nights [" in text
