@@ -14,8 +14,9 @@ run settings: processes, precision target, time budget), every config measured i
   counted, and eager divided by the host reference block (``stats``' docstring says why the first);
 - wall time per config;
 - the speedup's and eager's interval across nights (``history.across_nights``), each run's made
-  with the other runs as its history (leave one out): its half-width, and the share of runs whose
-  interval holds the median of all runs' point estimates.
+  with the other runs as its history (leave one out; five runs or more, as four earlier nights are
+  the fewest whose noise estimate is worth a t quantile): its half-width, and the share of runs
+  whose interval holds the median of all runs' point estimates.
 ``--out`` keeps every run's figures (value and interval of each metric, per config) as JSON: the
 night-to-night noise of ``benchmarks/regression_detector.py`` comes from such a file. This is a
 benchmark, not a test: it prints figures and the targets, and never asserts.
@@ -150,7 +151,7 @@ def spread(values) -> float:
 def across(values: list[list[float]]) -> list[tuple[float, float] | None]:
     """Each run's interval across nights, the other runs (in order) as its history."""
     points = [Point(i, *v) for i, v in enumerate(values)]
-    return [across_nights(points[:k] + points[k + 1:], points[k], min_history=3) for k in range(len(points))]
+    return [across_nights(points[:k] + points[k + 1:], points[k], min_history=4) for k in range(len(points))]
 
 
 def summarize(runs: list[list[dict]]) -> None:

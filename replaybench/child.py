@@ -24,17 +24,24 @@ def end_with(parent: int) -> None:
     """End this process as soon as ``parent``, its orchestrating process, is gone, also when it was
     killed with no chance to kill us: the closed pipe would tell us only after the request in hand
     (a config, a hang up to its timeout), all the while holding the GPU. A thread blocked on the
-    parent's pidfd wakes only then, so timing never shares the interpreter with it. Linux 5.3+ and
-    Python 3.9+; elsewhere the closed pipe is the only sign."""
+    parent's pidfd wakes only then, so timing never shares the interpreter with it. Only where the
+    parent started us itself (not through a wrapper, or from another PID namespace, where its pid
+    names another process or none), on Linux 5.3+ with Python 3.9+; elsewhere the closed pipe is
+    the only sign."""
+    if os.getppid() != parent:
+        return
     try:
         parent_fd = os.pidfd_open(parent)
-    except ProcessLookupError:  # gone before we started
-        os._exit(1)
     except (AttributeError, OSError):
         return
 
     def wait() -> None:
-        select.select([parent_fd], [], [])
+        if hasattr(signal, "SIGUSR1"):  # the parent's "where are you stuck?" is for the main thread
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        poll = select.poll()
+        poll.register(parent_fd, select.POLLIN)
+        while not poll.poll():
+            pass
         os.kill(os.getpid(), signal.SIGKILL)
 
     threading.Thread(target=wait, name="replaybench-parent-watch", daemon=True).start()

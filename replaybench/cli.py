@@ -332,6 +332,7 @@ def _measuring(store_url: str | None, total: int, finished: Callable[[int], int]
             exit_now(ended[0])
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    raise_exceptions = logging.raiseExceptions  # quiet_prefect() clears it once the server is lost
     flows_benchmark.interrupt_hook, flows_benchmark.finished_hook = interruption_stored, run_stored
     try:
         with temporary_server() as server, _progress(total) as bar:
@@ -348,6 +349,8 @@ def _measuring(store_url: str | None, total: int, finished: Callable[[int], int]
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         logging.disable(logging.NOTSET)
+        if not (watching and watching[0].lost):  # a lost server's queued logs stay quiet to the end
+            logging.raiseExceptions = raise_exceptions
 
 
 def _prefect_defaults() -> None:

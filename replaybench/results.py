@@ -63,7 +63,8 @@ class Series(BaseModel):
     blocks: list[float]  # every block, each process's in turn
     # blocks measured by each measuring process, in order (blocks[:k0] by the first, ...)
     per_process: list[int] = Field(default_factory=list)
-    # per block: False where the host's reference block showed the core disturbed (set aside)
+    # per block: False where the block is set aside (the host's reference block showed the core
+    # disturbed; a GPU-paced figure, graph replay, sets none aside)
     kept: list[bool] = Field(default_factory=list)
     process_values: list[float] = Field(default_factory=list)  # each process's own median
 

@@ -194,7 +194,9 @@ def judge_figures(store: Store, run: Run, baseline: int | None = None, history: 
 
 def speedups_across_nights(store: Store, run: Run) -> dict[int, tuple[float, float, int]]:
     """Result id -> (low, high, nights) for each speedup of ``run`` with enough nightly history:
-    the interval of ``history.across_nights`` around it, from the nights before the run."""
+    the interval of ``history.across_nights`` from the nights before the run, around the run's
+    figure (with same-night confirmations, their geometric mean), given on the first measurement's
+    row."""
     rows_by_key: dict[tuple, list[Result]] = defaultdict(list)
     for r in _measured(run):
         if r.speedup is not None:
@@ -208,7 +210,7 @@ def speedups_across_nights(store: Store, run: Run) -> dict[int, tuple[float, flo
         tonight = _point(run, rows, SPEEDUP)
         found = across_nights(nights, tonight) if tonight is not None else None
         if found is not None:
-            out.update({r.id: (*found, len(nights)) for r in rows})
+            out.update({r.id: (*found, len(nights)) for r in rows if not r.repeat})
     return out
 
 

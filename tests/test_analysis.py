@@ -92,6 +92,18 @@ def test_graph_replay_counts_every_process_where_eager_leaves_a_disturbed_one_ou
     assert all(graph.throughput.kept) and not all(eager.throughput.kept)
 
 
+def test_a_graph_that_a_slow_core_slows_sets_its_disturbed_units_aside_as_eager_does():
+    # Launches that outlast the kernels: the core's speed shows in graph replay too.
+    procs = [units([40e-6, 40e-6, 40e-6, 60e-6], [5e-6, 5e-6, 5e-6, 7e-6], [REF, REF, REF, 2 * REF]) for _ in range(3)]
+    procs.append(units([60e-6] * 4, [7e-6] * 4, [2 * REF] * 4))
+    f = figures(procs, ["eager", "graph"])
+    assert f.counted("graph") == (f.masks, f.used) and len(f.used) == 3
+    assert f.throughput["graph"].value == pytest.approx(5e-6)
+    # The same blocks, replay unmoved by the slow core: every unit of all four processes counts.
+    steady = [units(list(np.asarray(u.blocks["eager"])), [5e-6] * 4, u.ref_before) for u in procs]
+    assert len(figures(steady, ["eager", "graph"]).counted("graph")[1]) == 4
+
+
 def test_when_every_unit_is_disturbed_every_unit_counts_and_the_flag_says_so():
     # Half the units of every process disturbed, leaving each fewer than three undisturbed ones.
     procs = [units([40e-6, 40e-6, 60e-6, 60e-6], [5e-6] * 4, [REF, REF, 2 * REF, 2 * REF]) for _ in range(4)]

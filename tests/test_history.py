@@ -174,7 +174,8 @@ def test_on_the_run_to_run_noise_of_the_h200_and_h100_runs_the_interval_across_n
     """Each config's speedups in the repeated runs of benchmarks/data (two H200 VMs, 4 and 3 runs;
     one H100, 5 runs), as deviations from the config's typical figure, with the interval each run
     printed: nights drawn from one config's runs at a time. A run's own interval held the typical
-    figure in well under half of the draws; the interval across nights holds it in 90% or more."""
+    figure in under 60% of the draws; the interval across nights holds it in 90% or more, at a
+    width that still tells a 7x speedup from a 5x one."""
     data = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
     configs = []
     for name in ("h200-calibration-1.json", "h200-calibration-2.json", "h100-calibration.json"):
@@ -187,7 +188,7 @@ def test_on_the_run_to_run_noise_of_the_h200_and_h100_runs_the_interval_across_n
             configs.append((deviations, logs - np.log(figures[:, 1]), np.log(figures[:, 2]) - logs))
     assert len(configs) == 18
     rng = np.random.default_rng(5)
-    held_across, held_own = [], []
+    held_across, held_own, widths = [], [], []
     for deviations, below, above in configs:
         for _ in range(100):
             drawn = rng.integers(0, len(deviations), 11)
@@ -195,6 +196,8 @@ def test_on_the_run_to_run_noise_of_the_h200_and_h100_runs_the_interval_across_n
                       for i, j in enumerate(drawn)]
             low, high = across_nights(points[:-1], points[-1])
             held_across.append(low <= 1.0 <= high)
+            widths.append((high - low) / 2 / points[-1].value)
             held_own.append(points[-1].ci_low <= 1.0 <= points[-1].ci_high)
     assert np.mean(held_own) < 0.6
     assert np.mean(held_across) >= 0.9
+    assert np.median(widths) < 0.2
