@@ -245,8 +245,10 @@ def test_compare_and_runs_for_people_and_scripts(tmp_path):
 
 
 SMALL_MLP = '''
-"""A small MLP; with SLOW_IT set, the workload named `slowed` does its work twice."""
+"""A small MLP; with SLOW_IT set, the workload named `slowed` does its work twice; with
+SLOW_BUILD_S, it takes that long to build."""
 import os
+import time
 
 import torch
 from replaybench.workload import Built, Workload
@@ -258,6 +260,7 @@ def build(params, device, dtype):
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)]).to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
     repeat = 2 if NAME == "slowed" and os.environ.get("SLOW_IT") else 1
+    time.sleep(float(os.environ.get("SLOW_BUILD_S", "0")))
 
     def forward(x):
         for _ in range(repeat):

@@ -154,14 +154,16 @@ def test_a_run_left_running_is_resolved_from_its_flow_runs_state(nights):
 def test_confirmations_cut_short_by_the_measuring_time_cap_leave_the_night_judged(nights):
     """(Last: it adds a night.) A night whose configs are all measured but whose same-night confirmations reach the run's
     measuring-time cap ($REPLAYBENCH_MAX_RUN_S: one config's 0.5 s budget) completes and is judged:
-    the confirmations are what is cut, not the night."""
+    the confirmations are what is cut, not the night. Its build takes the cap, so that the night's one
+    config alone reaches it whenever its timed rounds stop (from half the budget on, they may)."""
     api, work, env, _ = nights
-    capped = {**env, "SLOW_IT": "1", "REPLAYBENCH_MAX_RUN_S": "0.5"}
+    capped = {**env, "SLOW_IT": "1", "SLOW_BUILD_S": "0.5", "REPLAYBENCH_MAX_RUN_S": "0.5"}
     out = replaybench("run", "-w", "slowed", "--trigger", "nightly", "--processes", "2", "--time-budget", "0.5",
                       cwd=work, env=capped)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "same-night confirmations stopped: measuring-time cap reached" in out.stderr
     store = Store(f"sqlite:///{work / 'replaybench.db'}")
     run = store.run()
+    assert store.measuring_s(run.id) >= 0.5  # the premise: the night itself took the cap
     assert run.status == "completed" and not any(r.repeat for r in run.results)
     assert any(r.verdict for r in run.results)
