@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 from contextlib import contextmanager
 from typing import Callable
 
@@ -81,12 +82,15 @@ def kill_server() -> None:
 
 class ServerWatch:
     """Watches a run's Prefect server from a thread: once its process has ended (a temporary
-    server) or ``misses`` health checks in a row went unanswered, ``lost`` is set and ``on_lost``
-    called, once. Prefect's client would otherwise retry every call to it for minutes."""
+    server), ``misses`` health checks in a row were refused or failed, or none was answered for
+    ``busy_s`` (a server too busy to answer within a check's interval is given that long), ``lost``
+    is set and ``on_lost`` called, once. Prefect's client would otherwise retry every call to it
+    for minutes."""
 
-    def __init__(self, api_url: str, on_lost: Callable[[], None], process=None, interval_s: float = 1.0, misses: int = 3):
+    def __init__(self, api_url: str, on_lost: Callable[[], None], process=None, interval_s: float = 1.0, misses: int = 3,
+                 busy_s: float = 30.0):
         self.health = api_url.rstrip("/") + "/health"
-        self.on_lost, self.process, self.interval_s, self.misses = on_lost, process, interval_s, misses
+        self.on_lost, self.process, self.interval_s, self.misses, self.busy_s = on_lost, process, interval_s, misses, busy_s
         self.lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="replaybench-server-watch", daemon=True)
@@ -102,17 +106,26 @@ class ServerWatch:
     def _ended(self) -> bool:
         return self.process is not None and self.process.poll() is not None
 
-    def _answers(self) -> bool:
+    def _answer(self) -> str:
+        """'up', 'busy' (no answer within the interval) or 'down' (refused, or an error status)."""
         try:
-            return httpx.get(self.health, timeout=self.interval_s).status_code == 200
+            return "up" if httpx.get(self.health, timeout=self.interval_s).status_code == 200 else "down"
+        except httpx.ConnectTimeout:  # a host that drops connections is gone, not busy
+            return "down"
+        except httpx.TimeoutException:
+            return "busy"
         except httpx.HTTPError:
-            return False
+            return "down"
 
     def _watch(self) -> None:
-        missed = 0
+        missed, answered = 0, time.monotonic()
         while not self._stop.wait(self.interval_s):
-            missed = missed + 1 if self._ended() or not self._answers() else 0
-            if self._ended() or missed >= self.misses:
+            answer = "down" if self._ended() else self._answer()
+            if answer == "up":
+                missed, answered = 0, time.monotonic()
+            elif answer == "down":
+                missed += 1
+            if self._ended() or missed >= self.misses or time.monotonic() - answered >= self.busy_s:
                 if not self._stop.is_set():
                     self.lost = True
                     self.on_lost()

@@ -17,9 +17,10 @@ def test_seed_mlp_on_cpu_measures_eager_and_skips_graph(quick):
     assert result.device == "cpu"
     assert eager.status == "ok"
     t = eager.throughput
-    # One process: the figure is the median of its undisturbed blocks, bracketed by its interval.
+    # One process: the figure is the median of its undisturbed blocks, bracketed by its interval
+    # (from half the budget on, rounds may stop before min_units: stats.StoppingRule).
     kept = np.asarray(t.blocks)[np.asarray(t.kept)]
-    assert t.n == kept.size >= quick.min_units and len(t.blocks) == len(t.kept) == t.per_process[0]
+    assert t.n == kept.size >= 1 and len(t.blocks) == len(t.kept) == t.per_process[0]
     assert t.value == pytest.approx(float(np.median(kept)))
     assert t.ci_low <= t.value <= t.ci_high
     assert 1e-7 < t.value < 1e-1

@@ -94,15 +94,15 @@ def exit_seconds(proc: subprocess.Popen, since: float, within_s: float) -> float
 
 def interrupt_after_first_result(tmp_path: Path, proc: subprocess.Popen, signals: list[tuple[int, bool]]):
     """Wait until a config is stored, then send ``signals`` ((signal, to the process group?), 0.3 s
-    apart); returns (seconds from the first signal to exit, stderr, the processes it had started)."""
+    apart); returns (seconds from the last signal to exit, stderr, the processes it had started)."""
     wait_for_a_stored_config(tmp_path, proc)
     started = children(proc.pid)
     assert started, "the run has no measuring processes or server"
-    sent = time.monotonic()
     for i, (sig, group) in enumerate(signals):
         if i:
             time.sleep(0.3)
         os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+        sent = time.monotonic()
     try:
         _, err = proc.communicate(timeout=60)
     except subprocess.TimeoutExpired:

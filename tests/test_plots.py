@@ -1,5 +1,4 @@
 import math
-import time
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -244,16 +243,13 @@ def test_write_plots_reads_a_year_of_history_in_a_few_indexed_queries(tmp_path):
     assert len(run.results) == 40
     statements = []
     event.listen(store.engine, "before_cursor_execute", lambda conn, cursor, sql, params, *args: statements.append((sql, params)))
-    t0 = time.perf_counter()
     written = write_plots(store, run, tmp_path / "reports")
-    elapsed = time.perf_counter() - t0
     assert set(written) == {"speedup_vs_batch", "speedup_vs_kernels", "trend"}
     assert [sql.split()[0] for sql, _ in statements] == ["SELECT"] * (1 + TREND_LIMIT)
     assert "GROUP BY" in statements[0][0] and all("JOIN runs" in sql for sql, _ in statements[1:])
     with store.engine.connect() as c:
         plan = " ".join(str(row) for row in c.exec_driver_sql("EXPLAIN QUERY PLAN " + statements[-1][0], statements[-1][1]))
     assert "USING INDEX ix_results_history" in plan and "TEMP B-TREE" not in plan
-    assert elapsed < 30, f"write_plots took {elapsed:.1f} s on a year of history"
 
 
 def test_a_plot_is_the_png_that_savefig_writes(tmp_path):
