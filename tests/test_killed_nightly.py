@@ -77,5 +77,6 @@ def test_a_flow_run_killed_mid_nightly_is_marked_crashed_and_the_next_nightly_ru
     assert next_run.trigger == "nightly" and next_run.status == "completed" and next_run.error is None
     assert len({r.params_key for r in next_run.results}) == 2
     assert (tmp_path / "reports" / f"{next_run.id}.md").exists()
-    # It waited for the killed run's lease on the GPU to run out, no longer: bounded, not 300 s.
-    assert took < LEASE_S + 90, took
+    # It waited for the killed run's lease on the GPU to run out, no longer: well under the default
+    # lease of 300 s, with room for a loaded machine's flow-run start and two configs.
+    assert took < LEASE_S + 150, took
