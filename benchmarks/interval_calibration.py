@@ -10,8 +10,11 @@ run settings: processes, precision target, time budget), every config measured i
 - the relative half-width of each reported interval (speedup; eager and graph throughput; graph
   GPU time), the median over runs;
 - coverage: the share of runs whose interval holds the median of all runs' point estimates;
-- run-to-run spread of eager three ways: the reported figure (disturbed units set aside), all units
-  counted, and eager divided by the host reference block (``stats``' docstring says why the first);
+- run-to-run spread of eager four ways: the reported figure (disturbed units set aside), all units
+  counted, eager divided by the host reference block (``stats``' docstring says why the first), and
+  eager at the run's typical host speed (the reported figure times the median over the run's configs
+  of their undisturbed reference time, over this config's own: what the host's speed during this
+  config's seconds added to it, taken out), and the median of each over the configs;
 - wall time per config;
 - the speedup's and eager's interval across nights (``history.across_nights``), each run's made
   with the other runs as its history (leave one out; five runs or more, as four earlier nights are
@@ -39,7 +42,7 @@ from replaybench.analysis import Units, figures  # noqa: E402
 from replaybench.health import host_facts  # noqa: E402
 from replaybench.history import Point, across_nights  # noqa: E402
 from replaybench.params import RunParameters  # noqa: E402
-from replaybench.stats import typical  # noqa: E402
+from replaybench.stats import typical, undisturbed_base  # noqa: E402
 from replaybench.worker import MeasuringPool  # noqa: E402
 from replaybench.workload import BenchConfig, load_registry  # noqa: E402
 
@@ -86,6 +89,7 @@ def result_figures(result) -> dict:
         if result.host is not None:
             out["eager_normalised"] = eager.host_normalised.value
             out["host_disturbed"] = result.host.share_disturbed
+            out["host_base"] = result.host.base_s
         out["eager_per_process"] = eager.throughput.process_values
         # Raw units, so that any other estimator can be tried on the same runs: per process, each
         # unit's eager and graph block (s/iter) and the reference blocks before and after it (s).
@@ -154,8 +158,29 @@ def across(values: list[list[float]]) -> list[tuple[float, float] | None]:
     return [across_nights(points[:k] + points[k + 1:], points[k], min_history=4) for k in range(len(points))]
 
 
+def host_base(row: dict) -> float | None:
+    """The config's undisturbed reference time: as stored, or from its raw units."""
+    if row.get("host_base"):
+        return row["host_base"]
+    u = row.get("units")
+    if not u:
+        return None
+    return undisturbed_base([r for side in ("ref_before", "ref_after", "ref") for p in u.get(side) or [] for r in p])
+
+
+def at_run_speed(run: list[dict]) -> list[float | None]:
+    """Each config's eager figure at its run's typical host speed (the module's docstring)."""
+    bases = [host_base(r) for r in run]
+    known = [b for b in bases if b]
+    typical_base = statistics.median(known) if known else None
+    return [r["metrics"]["eager"][0] * typical_base / b if b and "eager" in r["metrics"] else None
+            for r, b in zip(run, bases)]
+
+
 def summarize(runs: list[list[dict]]) -> None:
     keys = [(r["workload"], json.dumps(r["params"], sort_keys=True)) for r in runs[0]]
+    scaled = [at_run_speed(run) for run in runs]
+    eager_spreads: dict[str, list[float]] = {}
     print()
     print(f"{'config':<58} {'metric':<10} {'half-width':>10} {'max':>7} {'covered':>8}")
     overall: dict[str, list] = {m: [] for m in METRICS}
@@ -185,11 +210,18 @@ def summarize(runs: list[list[dict]]) -> None:
                 print(f"{'':<58} {'  nights':<10} {statistics.median([(a[1] - a[0]) / 2 / v[0] for v, a in found]):>10.1%} "
                       f"{max((a[1] - a[0]) / 2 / v[0] for v, a in found):>7.1%} {sum(held)}/{len(held):<6}")
         walls = [r["wall_s"] for r in rows]
-        print(f"{'':<58} eager run-to-run spread: reported {spread([r['metrics']['eager'][0] for r in rows]):.1%}, "
-              f"all units {spread([r.get('eager_all_units') for r in rows]):.1%}, "
-              f"normalised by the reference {spread([r.get('eager_normalised') for r in rows]):.1%}; "
-              f"wall {statistics.median(walls):.1f} s per config (max {max(walls):.1f})")
+        spreads = {"reported": spread([r["metrics"]["eager"][0] for r in rows]),
+                   "all units": spread([r.get("eager_all_units") for r in rows]),
+                   "normalised by the reference": spread([r.get("eager_normalised") for r in rows]),
+                   "at the run's host speed": spread([run[i] for run in scaled])}
+        for name, value in spreads.items():
+            if np.isfinite(value):
+                eager_spreads.setdefault(name, []).append(value)
+        print(f"{'':<58} eager run-to-run spread: " + ", ".join(f"{k} {v:.1%}" for k, v in spreads.items())
+              + f"; wall {statistics.median(walls):.1f} s per config (max {max(walls):.1f})")
     print()
+    print("eager run-to-run spread, median over configs: "
+          + ", ".join(f"{k} {statistics.median(v):.1%}" for k, v in eager_spreads.items()))
     for metric in METRICS:
         w = overall[metric]
         if w:
