@@ -120,12 +120,13 @@ class ServerWatch:
     def _watch(self) -> None:
         missed, answered = 0, time.monotonic()
         while not self._stop.wait(self.interval_s):
-            answer = "down" if self._ended() else self._answer()
+            ended = self._ended()
+            answer = "down" if ended else self._answer()
             if answer == "up":
                 missed, answered = 0, time.monotonic()
             elif answer == "down":
                 missed += 1
-            if self._ended() or missed >= self.misses or time.monotonic() - answered >= self.busy_s:
+            if ended or missed >= self.misses or time.monotonic() - answered >= self.busy_s:
                 if not self._stop.is_set():
                     self.lost = True
                     self.on_lost()
