@@ -158,7 +158,7 @@ class ABPool(ProcessGroup):
     """``processes`` pairs of measuring processes, A's and B's, pair i on core i; started in
     parallel once per run and timing one at a time."""
 
-    def __init__(self, a: Variant, b: Variant, processes: int = 6, timeout_s: float = DEFAULT_TIMEOUT_S):
+    def __init__(self, a: Variant, b: Variant, processes: int = 12, timeout_s: float = DEFAULT_TIMEOUT_S):
         if processes < 2:
             raise ValueError("an A/B run needs at least two measuring processes per variant")
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [None]

@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument("a", metavar="A", help="the baseline variant: a name declared in the variants file")
     ab.add_argument("b", metavar="B", help="the variant compared against A")
     ab.add_argument("--variants", metavar="FILE", help=f"the variants file (env {VARIANTS_VARIABLE}; default {DEFAULT_FILE})")
-    selection(ab, "both variants together; default 6", "measuring processes per variant, a pair per core (default 6, at least 2)")
+    selection(ab, "both variants together; default 6", "measuring processes per variant, a pair per core (default 12, at least 2)")
     ab.add_argument("--min-effect", type=float, metavar="F",
                     help="an interval holding no change and narrower than +/- this reads 'no difference' (default 0.05)")
     ab.add_argument("--format", choices=("table", "json"), default="table", help="of the comparison printed at the end")

@@ -111,7 +111,10 @@ class ABParameters(Selection):
 
     a: VariantName
     b: VariantName
-    processes: int = Field(6, ge=2, le=16, description="measuring processes per variant, a pair of them per core")
+    # Twelve pairs, not six: identical variants' B/A ratios scatter over pairs by each process's own
+    # level (a capture's memory placement, eager's process effect), which only more pairs average out
+    # (t/sqrt(n): 1.05 with six, 0.64 with twelve; benchmarks/ab_check.py measures it).
+    processes: int = Field(12, ge=2, le=16, description="measuring processes per variant, a pair of them per core")
     time_budget_s: float = Field(6.0, gt=0, le=600, description="seconds of timed rounds per config, both variants together")
     min_effect: float = Field(
         MIN_EFFECT, ge=0.005, le=0.5, description="an interval holding no change and narrower than +/- this reads 'no difference'"
