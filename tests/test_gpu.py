@@ -30,7 +30,10 @@ def test_seed_mlp_graph_replay_is_checked_and_faster(pool):
     # One process: the speedup is the median over its undisturbed units of eager / graph, unit by unit.
     kept = np.asarray(eager.throughput.kept)
     ratios = np.asarray(eager.throughput.blocks) / np.asarray(graph.throughput.blocks)
-    assert kept.sum() >= SETTINGS.min_units and kept.tolist() == graph.throughput.kept
+    assert kept.sum() >= SETTINGS.min_units
+    # Graph replay's own figure counts every unit where a slow core left its blocks unmoved, else the
+    # same units as eager; its speedup always pairs each graph block with eager's beside it.
+    assert graph.throughput.kept in (kept.tolist(), [True] * kept.size)
     assert graph.speedup == pytest.approx(np.median(ratios[kept]))
     assert graph.speedup_ci_low <= graph.speedup <= graph.speedup_ci_high
     assert result.host.base_s > 0 and 0 <= result.host.share_disturbed < 1
