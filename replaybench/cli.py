@@ -464,11 +464,12 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
         return
     table = Table("workload", "config", "mode", "figure", "A", "B", "B against A [95% CI]")
     for row in rows:
-        style = {"slower": "red", "lower": "red", "faster": "green", "higher": "green"}.get(row["verdict"])
+        style = "dim" if row["below_min_effect"] else \
+            {"slower": "red", "lower": "red", "faster": "green", "higher": "green"}.get(row["verdict"])
         fmt = (lambda v: "n/a" if v is None else f"{v:.2f}x") if row["metric"] == "speedup" else \
             (lambda v: "n/a" if v is None else f"{v * 1e6:.2f} us")
         table.add_row(row["workload"], params_label(row["params"]), row["mode"], row["metric"], fmt(row["a"]), fmt(row["b"]),
-                      row["text"], style=style)
+                      row["text"] + (", below the minimum effect" if row["below_min_effect"] else ""), style=style)
     Console().print(table)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from .history import MIN_HISTORY
+from .params import MIN_EFFECT
 from .results import MODE_LABELS, MODES
 from .storage import Result, Run, Store
 from .verdicts import report_regressions, run_verdicts, speedups_across_nights
@@ -165,10 +166,16 @@ def context(run: Run, store: Store | None = None, baseline: int | None = None) -
 AB_FIGURES = {"time per call": "throughput_s", "GPU time": "gpu_s", "speedup": "speedup"}
 
 
+DIFFERENCES = ("slower", "faster", "lower", "higher")
+
+
 def ab_rows(store: Store, run: Run) -> list[dict]:
     """An A/B run's comparisons, each with A's and B's own figures: what `replaybench compare RUN`,
-    JSON output and the A/B report show."""
+    JSON output and the A/B report show. ``below_min_effect``: a difference whose whole interval lies
+    within +/- the run's minimum effect: real in this run, smaller than what the user asked to hear of
+    (with identical variants about one interval in twenty excludes no change, by tiny amounts)."""
     figures = {(r.workload, r.params_key, r.mode, r.variant): r for r in run.results}
+    min_effect = (run.parameters or {}).get("min_effect", MIN_EFFECT)
     rows = []
     for c in store.comparisons(run.id):
         column = AB_FIGURES[c.metric]
@@ -177,6 +184,7 @@ def ab_rows(store: Store, run: Run) -> list[dict]:
             "workload": c.workload, "params": c.params, "mode": c.mode, "metric": c.metric,
             "a": getattr(a, column, None), "b": getattr(b, column, None),
             "ratio": c.ratio, "ci_low": c.ci_low, "ci_high": c.ci_high, "pairs": c.pairs, "verdict": c.verdict, "text": c.text,
+            "below_min_effect": c.verdict in DIFFERENCES and 1 - min_effect < c.ci_low and c.ci_high < 1 + min_effect,
         })
     return rows
 
@@ -187,6 +195,7 @@ def ab_context(run: Run, store: Store) -> dict:
         "run": run,
         "rows": rows,
         "verdict_counts": Counter(r["verdict"] for r in rows),
+        "below_min_effect": Counter(r["verdict"] for r in rows if r["below_min_effect"]),
         "variants": (run.environment or {}).get("variants", {}),
         "parameters": run.parameters or {},
         "failures": [r for r in run.results if r.status in ("failed", "crashed")],

@@ -114,6 +114,31 @@ def test_the_probes_of_a_real_ab_run_move_the_right_metric(real_ab_run):
     assert all(probe[("host", "graph", metric)]["verdict"] != "slower" for metric in ("time per call", "GPU time"))
 
 
+def test_a_real_runs_differences_below_the_minimum_effect_are_told_apart_in_its_report(tmp_path):
+    """On the H100 run of identical variants, three intervals excluded no change by 0.2-2.0%: the
+    report counts and shows them apart (not in bold), and the probe's real changes stay in bold."""
+    from replaybench.report import ab_rows, write_report
+
+    copy = tmp_path / "h100-ab-2.db"
+    copy.write_bytes((BENCHMARKS / "data" / "h100-ab-2.db").read_bytes())
+    store = Store(f"sqlite:///{copy}")
+    rows = ab_rows(store, store.run(1))
+    small = [r for r in rows if r["below_min_effect"]]
+    assert small and all(r["verdict"] in ("slower", "faster", "lower", "higher") for r in small)
+    assert all(0.95 < r["ci_low"] and r["ci_high"] < 1.05 for r in small)
+    assert all(r["workload"] != "ab_probe" or r["metric"] == "speedup" for r in small)  # the planted changes are >= 10%
+    _, report = write_report(store, 1, tmp_path / "reports")
+    worse = sum(r["verdict"] in ("slower", "lower") for r in rows)
+    small_worse = sum(r["verdict"] in ("slower", "lower") for r in small)
+    assert f"**{worse} worse in B** (slower, or a lower speedup; {small_worse} of them by less than +/-5%" in report
+    lines = {r["text"]: line for r in rows for line in report.splitlines() if r["text"].replace("[", "\\[").replace("]", "\\]") in line}
+    for r in rows:
+        if r["verdict"] in ("slower", "faster", "lower", "higher"):
+            assert ("below the +/-5% minimum effect" in lines[r["text"]]) == r["below_min_effect"]
+            assert ("**" in lines[r["text"]]) != r["below_min_effect"]
+    store.engine.dispose()
+
+
 def test_verdict_words_and_their_directions():
     from replaybench.stats import Estimate
 
