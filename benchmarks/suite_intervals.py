@@ -48,6 +48,15 @@ def config_widths(modes: dict, recompute: bool) -> dict[str, tuple[float | None,
     return out
 
 
+def configs(run) -> dict[tuple[str, str], dict]:
+    """(workload, params key) -> mode -> stored row, for each config a run measured."""
+    rows: dict = defaultdict(dict)
+    for r in run.results:
+        if not r.repeat:  # a same-night confirmation is a second measurement, not another config
+            rows[(r.workload, r.params_key)][r.mode] = r
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("db", help="a SQLite file written by replaybench run")
@@ -58,10 +67,7 @@ def main() -> None:
         copy = os.path.join(tmp, "copy.db")
         shutil.copyfile(args.db, copy)
         run = Store(f"sqlite:///{copy}").run(args.run)
-        rows: dict = defaultdict(dict)
-        for r in run.results:
-            if not r.repeat:  # a same-night confirmation is a second measurement, not another config
-                rows[(r.workload, r.params_key)][r.mode] = r
+        rows = configs(run)
         widths: dict[str, list[float]] = defaultdict(list)
         print(f"run {run.id} ({run.status}), {'recomputed from stored units' if args.recompute else 'as stored'}")
         print(f"{'config':<60} {'speedup':>14} {'graph':>14} {'graph GPU':>14}")

@@ -1,4 +1,8 @@
-"""Results with known figures, for storage and report tests."""
+"""Results with known figures, for storage and report tests; the benchmarks' modules for the tests
+that hold their real data to the product's statistics."""
+
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 
@@ -32,3 +36,14 @@ def known_result(workload="seed_mlp", eager_us=45.0, graph_us=6.5, reason=None):
                                 graph_pool_bytes=3 * 2**20, break_even_replays=330.0, iters_per_block=1500))
     return ConfigResult(workload=workload, params={"batch_size": 1, "dtype": "float32", "width": 128}, device="NVIDIA H200",
                         modes=modes, cpu_core=3, host=HostReference(base_s=0.01, share_disturbed=0.25, slowest=2.0))
+
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def benchmark(name: str):
+    """A module of benchmarks/, which keeps the real data its figures come from beside it."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

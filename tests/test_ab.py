@@ -3,7 +3,6 @@ as an A/B run pairs them by benchmarks/ab_noise.py), the variants file, and `rep
 interpreters and two workload directories through the CLI, and the `ab` deployment through a real
 Prefect server, whose form refuses a variant the worker does not declare."""
 
-import importlib.util
 import json
 import os
 import site
@@ -20,21 +19,11 @@ from replaybench.storage import Store
 from replaybench.variants import VariantError, load_variants, pick
 from replaybench.workload import load_registry
 
+from .helpers import BENCHMARKS, benchmark
 from .prefect_server import background, prefect_server
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 MODES = ["eager", "graph"]
-
-
-def _benchmark(name: str):
-    """A module of benchmarks/, which keeps the real data its figures come from beside it."""
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-ab_noise, ab_check = _benchmark("ab_noise"), _benchmark("ab_check")
+ab_noise, ab_check = benchmark("ab_noise"), benchmark("ab_check")
 # Real `replaybench ab` runs and their pairs of measuring processes; benchmarks/data/README.md says how they were made.
 AB_RUNS = {"h200-ab.db": 6, "h200-ab-captures.db": 6, "h100-ab-1.db": 12, "h100-ab-2.db": 12}
 

@@ -1,7 +1,8 @@
 """Intervals, the disturbance filter and the stopping rule on real H200 noise (and two H100 runs of
-the default suite): the timed units of repeated runs on H200 VMs kept in benchmarks/data (benchmarks/data/README.md says how they were
-made). Synthetic noise is in test_stats.py and test_analysis.py; these hold the statistics to the
-widths and the noise the product meets on the machine it is for."""
+the default suite): the timed units of repeated runs on H200 VMs kept in benchmarks/data
+(benchmarks/data/README.md says how they were made). Synthetic noise is in test_stats.py and
+test_analysis.py; these hold the statistics to the widths and the noise the product meets on the
+machine it is for."""
 
 import gzip
 import json
@@ -14,6 +15,8 @@ import pytest
 
 from replaybench.analysis import Units, figures, interim
 from replaybench.stats import StoppingRule
+
+from .helpers import benchmark
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
 MODES = ["eager", "graph"]
@@ -218,20 +221,13 @@ def test_the_default_suites_intervals_recomputed_from_real_units_are_narrow_enou
     H100 VMs): speedup half-widths median <= 8% and none above 20%, graph time per call and GPU time
     none above 2%, recomputed by this checkout from the stored units. (The H200 run without the
     settling rule, h200-default-suite-run-2.db, printed a 72% speedup interval.)"""
-    import importlib.util
-
     from replaybench.storage import Store
 
-    spec = importlib.util.spec_from_file_location("suite_intervals", DATA.parent / "suite_intervals.py")
-    suite_intervals = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(suite_intervals)
+    suite_intervals = benchmark("suite_intervals")
     copy = tmp_path / run
     copy.write_bytes((DATA / run).read_bytes())
     store = Store(f"sqlite:///{copy}")
-    rows: dict = defaultdict(dict)
-    for r in store.run(1).results:
-        rows[(r.workload, r.params_key)][r.mode] = r
-    widths = [suite_intervals.config_widths(modes, recompute=True) for modes in rows.values()]
+    widths = [suite_intervals.config_widths(modes, recompute=True) for modes in suite_intervals.configs(store.run(1)).values()]
     store.engine.dispose()
     assert len(widths) == 19
     speedup = [w["speedup"][0] for w in widths]
