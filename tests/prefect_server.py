@@ -21,6 +21,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# For a test that deploys the nightly flow but starts its runs itself: the server's scheduler would
+# otherwise start the real 02:00 UTC nightly in the middle of a test that runs across it.
+NO_SCHEDULER = {"PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false"}
+
+
 @contextmanager
 def prefect_server(home, extra_env: dict | None = None):
     port = free_port()

@@ -14,7 +14,7 @@ import pytest
 from flows.supervise import alive
 from replaybench.storage import Store
 
-from .prefect_server import background, prefect_server
+from .prefect_server import NO_SCHEDULER, background, prefect_server
 from .test_interrupt import REPO, children, prefect_env, wait_for_a_stored_config
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def test_a_flow_run_killed_mid_nightly_is_marked_crashed_and_the_next_nightly_ru
 
     # The server looks for expired leases every second (15 s by default), so that the test waits
     # for the killed run's lease itself, not for the next look.
-    with prefect_server(tmp_path, {"PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS": "1"}) as api:
+    with prefect_server(tmp_path, {"PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS": "1", **NO_SCHEDULER}) as api:
         env = {**prefect_env(tmp_path, api), "REPLAYBENCH_GPU_LEASE_S": str(LEASE_S)}
         for command in (["replaybench.cli", "setup", "--pool", "gpu", "--gpus", "0"],
                         ["prefect", "--no-prompt", "deploy", "-n", "nightly"]):

@@ -10,7 +10,7 @@ import pytest
 
 from replaybench.storage import Store
 
-from .prefect_server import background, prefect_server
+from .prefect_server import NO_SCHEDULER, background, prefect_server
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -22,7 +22,7 @@ def test_a_sharded_nightly_run_spreads_over_two_workers_and_reports_once(tmp_pat
     from prefect.deployments import run_deployment
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    with prefect_server(tmp_path) as api:
+    with prefect_server(tmp_path, NO_SCHEDULER) as api:
         env = {
             **os.environ,
             "PREFECT_API_URL": api,
