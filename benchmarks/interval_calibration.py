@@ -1,8 +1,8 @@
 """Are replaybench's intervals tight enough to act on, and honest? Repeated runs of a set of configs.
 
     python benchmarks/interval_calibration.py [--runs 5] [--subset noisy|default] [-w NAME ...]
-                                              [--out results.json]
-    python benchmarks/interval_calibration.py --summarize results.json   # again, from a saved file
+                                              [--passes K] [--out results.json]
+    python benchmarks/interval_calibration.py --summarize results.json [--as-passes K]
 
 Each run is what a nightly does to its configs: a fresh pool of measuring processes (the default
 run settings: processes, precision target, time budget), every config measured in turn. After
@@ -20,6 +20,11 @@ run settings: processes, precision target, time budget), every config measured i
   with the other runs as its history (leave one out; five runs or more, as four earlier nights are
   the fewest whose noise estimate is worth a t quantile): its half-width, and the share of runs
   whose interval holds the median of all runs' point estimates.
+With ``--passes K``, each run measures its configs K times over, each time with the budget divided
+by K, and a config's figure is the geometric mean of its K passes with the t interval over them:
+passes minutes apart witness host states that one config's seconds do not (the host's speed moves
+for tens of seconds, on every core at once), which a single run's interval cannot hold.
+``--as-passes K`` takes every K runs of a saved file as the passes of one run, for a first look.
 ``--out`` keeps every run's figures (value and interval of each metric, per config) as JSON: the
 night-to-night noise of ``benchmarks/regression_detector.py`` comes from such a file. This is a
 benchmark, not a test: it prints figures and the targets, and never asserts.
@@ -28,6 +33,7 @@ benchmark, not a test: it prints figures and the targets, and never asserts.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -99,21 +105,58 @@ def result_figures(result) -> dict:
     return out
 
 
-def run_once(configs, parameters: RunParameters) -> list[dict]:
+def run_once(configs, parameters: RunParameters, passes: int = 1) -> list[dict]:
+    """One run: with ``passes`` > 1, the config list is measured that many times over, each
+    measurement with the budget divided by ``passes``, and each config's passes combined
+    (``combine_passes``)."""
     settings = parameters.measure_settings()
+    if passes > 1:
+        settings = settings.model_copy(update={"time_budget_s": settings.time_budget_s / passes})
     rows = []
+    began = time.monotonic()
     with MeasuringPool(parameters.processes, parameters.timeout_s) as pool:
-        for config in configs:
-            start = time.monotonic()
-            result = pool.measure(config, settings)
-            rows.append({"workload": config.workload, "params": config.params, "wall_s": time.monotonic() - start,
-                         **result_figures(result)})
-            m = rows[-1]["metrics"]
-            sp = m.get("speedup")
-            print(f"  {config.label}: {rows[-1]['wall_s']:.1f} s, "
-                  + (f"speedup {sp[0]:.2f} [{sp[1]:.2f}, {sp[2]:.2f}], " if sp else "")
-                  + f"eager {m['eager'][0] * 1e6:.1f} us, disturbed {rows[-1].get('host_disturbed', 0):.0%}", flush=True)
+        for p in range(passes):
+            for config in configs:
+                start = time.monotonic()
+                result = pool.measure(config, settings)
+                rows.append({"workload": config.workload, "params": config.params, "wall_s": time.monotonic() - start,
+                             "pass": p, "at_s": start - began, **result_figures(result)})
+                m = rows[-1]["metrics"]
+                sp = m.get("speedup")
+                print(f"  {config.label}{f' (pass {p + 1})' if passes > 1 else ''}: {rows[-1]['wall_s']:.1f} s, "
+                      + (f"speedup {sp[0]:.2f} [{sp[1]:.2f}, {sp[2]:.2f}], " if sp else "")
+                      + f"eager {m['eager'][0] * 1e6:.1f} us, disturbed {rows[-1].get('host_disturbed', 0):.0%}", flush=True)
     return rows
+
+
+def combine_passes(rows: list[dict]) -> list[dict]:
+    """Rows of one run, one per config: a config measured in several passes gets, per metric, the
+    geometric mean of its passes' figures and the Student-t interval over them (passes - 1 degrees
+    of freedom: each pass is one witness of the host's state at its time); its wall time is the
+    passes' sum and the pass rows are kept under ``passes``. Rows without passes are returned as
+    they are."""
+    if not rows or "pass" not in rows[0] or max(r["pass"] for r in rows) == 0:
+        return rows
+    by_config: dict = {}
+    for r in rows:
+        by_config.setdefault((r["workload"], json.dumps(r["params"], sort_keys=True)), []).append(r)
+    out = []
+    for group in by_config.values():
+        metrics = {}
+        for name in group[0]["metrics"]:
+            values = [r["metrics"][name][0] for r in group if name in r["metrics"]]
+            if len(values) == len(group):
+                e = typical([[v] for v in values])
+                metrics[name] = [e.value, e.ci_low, e.ci_high]
+        row = {"workload": group[0]["workload"], "params": group[0]["params"], "wall_s": sum(r["wall_s"] for r in group),
+               "metrics": metrics, "passes": group}
+        for key, read in (("eager_all_units", None), ("eager_normalised", None), ("host_base", host_base)):
+            values = [read(r) if read else r.get(key) for r in group]
+            if all(values):
+                row[key] = float(np.exp(np.mean(np.log(values))))
+        row["host_disturbed"] = float(np.mean([r.get("host_disturbed", 0) for r in group]))
+        out.append(row)
+    return out
 
 
 def recompute(runs: list[list[dict]]) -> list[list[dict]]:
@@ -121,6 +164,9 @@ def recompute(runs: list[list[dict]]) -> list[list[dict]]:
     file that kept one reference per unit (the slower of the two) uses it on both sides."""
     out = []
     for run in runs:
+        if run and "passes" in run[0]:
+            out.append(combine_passes(recompute([[p for row in run for p in row["passes"]]])[0]))
+            continue
         rows = []
         for row in run:
             u = row.get("units")
@@ -140,6 +186,17 @@ def recompute(runs: list[list[dict]]) -> list[list[dict]]:
             rows.append({**row, "metrics": metrics, "eager_normalised": f.normalised.value,
                          "host_disturbed": 1 - sum(int(m.sum()) for m in f.masks) / sum(len(m) for m in f.masks)})
         out.append(rows)
+    return out
+
+
+def as_passes(runs: list[list[dict]], k: int) -> list[list[dict]]:
+    """Every choice of ``k`` of the runs, each taken as the passes of one run (``combine_passes``):
+    what measuring each config in ``k`` passes spread over minutes would give, from runs already
+    made. The choices share runs, so they are not independent repetitions: a first look only."""
+    out = []
+    for chosen in itertools.combinations(runs, k):
+        rows = [{**row, "pass": p} for p, run in enumerate(chosen) for row in run]
+        out.append(combine_passes(rows))
     return out
 
 
@@ -243,8 +300,13 @@ def main() -> None:
     parser.add_argument("--subset", choices=("noisy", "default"), default="noisy")
     parser.add_argument("-w", "--workload", action="append", default=[])
     parser.add_argument("--processes", type=int, help="measuring processes (default: the run default)")
+    parser.add_argument("--passes", type=int, default=1,
+                        help="measure the configs this many times over in each run, each time with the budget divided "
+                             "by it, and combine each config's passes (t over passes)")
     parser.add_argument("--out", help="write every run's figures here (JSON)")
     parser.add_argument("--summarize", metavar="FILE", help="print the summary of a file written by --out; measure nothing")
+    parser.add_argument("--as-passes", type=int, metavar="K",
+                        help="with --summarize: take every K of the file's runs as the passes of one run (as_passes)")
     parser.add_argument("--recompute", action="store_true",
                         help="with --summarize: compute the figures again from the file's raw units with this checkout's statistics")
     args = parser.parse_args()
@@ -252,7 +314,11 @@ def main() -> None:
         with open(args.summarize) as f:
             saved = json.load(f)
         print(f"{saved['command']}: {len(saved['runs'])} run(s), settings {saved['settings']}")
-        summarize(recompute(saved["runs"]) if args.recompute else saved["runs"])
+        runs = recompute(saved["runs"]) if args.recompute else saved["runs"]
+        if args.as_passes:
+            runs = as_passes(runs, args.as_passes)
+            print(f"every {args.as_passes} of the runs taken as the passes of one run: {len(runs)} runs, not independent")
+        summarize(runs)
         return
     parameters = RunParameters(**({"processes": args.processes} if args.processes else {}))
     configs = selected_configs(args, parameters)
@@ -261,7 +327,7 @@ def main() -> None:
     runs, started = [], time.time()
     for i in range(args.runs):
         print(f"run {i + 1}", flush=True)
-        runs.append(run_once(configs, parameters))
+        runs.append(combine_passes(run_once(configs, parameters, args.passes)))
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"command": " ".join(sys.argv), "started": started, "host": host_facts(),
