@@ -258,12 +258,12 @@ def test_passes_are_combined_as_witnesses_of_the_host_at_their_time():
     assert calibration.combine_passes(single) == single
 
 
-def test_on_h100_runs_minutes_apart_four_passes_hold_the_typical_speedup_where_one_run_does_not():
-    """The H100's five repeated runs of the six noisiest configs (a minute and a half apart), every
-    four taken as the passes of one run: the t interval over passes holds the median of those
-    combined figures in >= 90% of them at a median half-width <= 8% (none above 20%), where a
-    single run's interval held the median of the runs in under 70%. The choices of four share
-    runs, so this is a first look, not the calibration itself."""
+def test_h100_runs_taken_as_four_passes_promised_intervals_that_hold_the_typical_speedup():
+    """The first look at passes (README): the H100's five repeated runs of the six noisiest configs,
+    every four taken as the passes of one run, held the median of those combined figures in >= 90%
+    at a median half-width <= 8% (none above 20%), where a single run's interval held the median of
+    the runs in under 70%. The choices of four share runs; measured passes did not bear it out
+    (the next test)."""
     calibration = benchmark("interval_calibration")
     runs = json.loads((DATA / "h100-calibration.json").read_text())["runs"]
 
@@ -280,3 +280,22 @@ def test_on_h100_runs_minutes_apart_four_passes_hold_the_typical_speedup_where_o
     held, median_width, widest = speedups(calibration.as_passes(runs, 4))
     assert single_held < 0.7
     assert held >= 0.9 and median_width <= 0.08 and widest <= 0.20
+
+
+def test_measured_passes_saw_host_states_that_move_eager_but_not_eager_over_the_reference():
+    """Four passes per config in each of two runs on an H100 VM (h100-calibration-passes.json): the
+    host went between states whose eager times differed by up to 1.7x, so the t interval over
+    passes was wide (median half-width above 8%); eager over the host reference, which the report
+    shows and nightly verdicts judge eager on, moved less than half as much as eager across the same
+    eight passes of every config."""
+    calibration = benchmark("interval_calibration")
+    runs = json.loads((DATA / "h100-calibration-passes.json").read_text())["runs"]
+    assert len(runs) == 2 and all(len(row["passes"]) == 4 for run in runs for row in run)
+    recombined = calibration.recompute(runs)
+    widths = [(hi - lo) / 2 / v for run in recombined for row in run for v, lo, hi in [row["metrics"]["speedup"]]]
+    assert statistics.median(widths) > 0.08
+    for i in range(len(runs[0])):
+        passes = [p for run in runs for p in run[i]["passes"]]
+        eager = np.log([p["metrics"]["eager"][0] for p in passes])
+        normalised = np.log([p["eager_normalised"] for p in passes])
+        assert normalised.std(ddof=1) < 0.5 * eager.std(ddof=1), passes[0]["workload"]
