@@ -23,7 +23,9 @@ run settings: processes, precision target, time budget), every config measured i
 With ``--passes K``, each run measures its configs K times over, each time with the budget divided
 by K, and a config's figure is the geometric mean of its K passes with the t interval over them:
 passes minutes apart witness host states that one config's seconds do not (the host's speed moves
-for tens of seconds, on every core at once), which a single run's interval cannot hold.
+for tens of seconds, on every core at once), which a single run's interval cannot hold. Such runs
+also print ``ref_speedup``: eager over the host reference per graph replay time, the speedup with
+the host's speed taken out, over the passes.
 ``--as-passes K`` takes every K runs of a saved file as the passes of one run, for a first look.
 ``--out`` keeps every run's figures (value and interval of each metric, per config) as JSON: the
 night-to-night noise of ``benchmarks/regression_detector.py`` comes from such a file. This is a
@@ -60,7 +62,7 @@ NOISY = [  # the six configs with the widest speedup intervals in the H200 run o
     ("recommender", {"tables": 4}),
     ("sdpa_attention", {"seq_len": 16}),
 ]
-METRICS = ("speedup", "eager", "graph", "graph_gpu")
+METRICS = ("speedup", "eager", "graph", "graph_gpu", "ref_speedup")  # the last: runs in passes only
 ACROSS = ("speedup", "eager")  # the figures that carry the host's state from run to run
 TARGETS = {"speedup": "median <= 8%, none above 20%", "graph": "<= 2%", "graph_gpu": "<= 2%"}
 
@@ -129,6 +131,11 @@ def run_once(configs, parameters: RunParameters, passes: int = 1) -> list[dict]:
     return rows
 
 
+def unpassed(run: list[dict]) -> list[dict]:
+    """A saved run's rows as measured: each pass its own row."""
+    return [p for row in run for p in row.get("passes", [row])]
+
+
 def combine_passes(rows: list[dict]) -> list[dict]:
     """Rows of one run, one per config: a config measured in several passes gets, per metric, the
     geometric mean of its passes' figures and the Student-t interval over them (passes - 1 degrees
@@ -148,6 +155,12 @@ def combine_passes(rows: list[dict]) -> list[dict]:
             if len(values) == len(group):
                 e = typical([[v] for v in values])
                 metrics[name] = [e.value, e.ci_low, e.ci_high]
+        # Eager over the host reference, per graph replay time: a speedup with the host's speed
+        # taken out (in no unit a user knows: for its steadiness across passes and runs only).
+        ratios = [r.get("eager_normalised", 0) / r["metrics"]["graph"][0] for r in group if "graph" in r["metrics"]]
+        if len(ratios) == len(group) and all(ratios):
+            e = typical([[v] for v in ratios])
+            metrics["ref_speedup"] = [e.value, e.ci_low, e.ci_high]
         row = {"workload": group[0]["workload"], "params": group[0]["params"], "wall_s": sum(r["wall_s"] for r in group),
                "metrics": metrics, "passes": group}
         for key, read in (("eager_all_units", None), ("eager_normalised", None), ("host_base", host_base)):
@@ -165,7 +178,7 @@ def recompute(runs: list[list[dict]]) -> list[list[dict]]:
     out = []
     for run in runs:
         if run and "passes" in run[0]:
-            out.append(combine_passes(recompute([[p for row in run for p in row["passes"]]])[0]))
+            out.append(combine_passes(recompute([unpassed(run)])[0]))
             continue
         rows = []
         for row in run:
@@ -314,7 +327,8 @@ def main() -> None:
         with open(args.summarize) as f:
             saved = json.load(f)
         print(f"{saved['command']}: {len(saved['runs'])} run(s), settings {saved['settings']}")
-        runs = recompute(saved["runs"]) if args.recompute else saved["runs"]
+        # Passes are combined again, as this checkout combines them.
+        runs = recompute(saved["runs"]) if args.recompute else [combine_passes(unpassed(run)) for run in saved["runs"]]
         if args.as_passes:
             runs = as_passes(runs, args.as_passes)
             print(f"every {args.as_passes} of the runs taken as the passes of one run: {len(runs)} runs, not independent")
