@@ -323,13 +323,19 @@ def main() -> None:
     parser.add_argument("--recompute", action="store_true",
                         help="with --summarize: compute the figures again from the file's raw units with this checkout's statistics")
     args = parser.parse_args()
+    if args.passes < 1 or args.runs < 1:
+        parser.error("--runs and --passes must be at least 1")
+    if args.as_passes is not None and not args.summarize:
+        parser.error("--as-passes goes with --summarize")
     if args.summarize:
         with open(args.summarize) as f:
             saved = json.load(f)
         print(f"{saved['command']}: {len(saved['runs'])} run(s), settings {saved['settings']}")
         # Passes are combined again, as this checkout combines them.
         runs = recompute(saved["runs"]) if args.recompute else [combine_passes(unpassed(run)) for run in saved["runs"]]
-        if args.as_passes:
+        if args.as_passes is not None:
+            if not 2 <= args.as_passes <= len(runs):
+                parser.error(f"--as-passes takes 2 to {len(runs)} of this file's {len(runs)} runs")
             runs = as_passes(runs, args.as_passes)
             print(f"every {args.as_passes} of the runs taken as the passes of one run: {len(runs)} runs, not independent")
         summarize(runs)
