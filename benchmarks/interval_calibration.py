@@ -23,9 +23,9 @@ run settings: processes, precision target, time budget), every config measured i
 With ``--passes K``, each run measures its configs K times over, each time with the budget divided
 by K, and a config's figure is the geometric mean of its K passes with the t interval over them:
 passes minutes apart witness host states that one config's seconds do not (the host's speed moves
-for tens of seconds, on every core at once), which a single run's interval cannot hold. Such runs
-also print ``ref_speedup``: eager over the host reference per graph replay time, the speedup with
-the host's speed taken out, over the passes.
+for tens of seconds, on every core at once), which a single run's interval cannot hold. Runs with
+raw units also print ``ref_speedup``: eager over the host reference per graph replay time, the
+speedup with the host's speed taken out; from a single pass, over its processes (every unit counted).
 ``--as-passes K`` takes every K runs of a saved file as the passes of one run, for a first look.
 ``--out`` keeps every run's figures (value and interval of each metric, per config) as JSON: the
 night-to-night noise of ``benchmarks/regression_detector.py`` comes from such a file. This is a
@@ -202,6 +202,35 @@ def recompute(runs: list[list[dict]]) -> list[list[dict]]:
     return out
 
 
+def ref_speedup(row: dict) -> list[float] | None:
+    """The speedup with the host's speed taken out, from one measurement's raw units: per process,
+    the median over every unit of eager over the reference blocks around it, over the process's
+    median graph time; their geometric mean and t interval (``typical``). [value, low, high]."""
+    u = row.get("units")
+    if not u:
+        return None
+    before, after = u.get("ref_before") or u["ref"], u.get("ref_after") or u["ref"]
+    per_process = [Units(ref_before=list(b), ref_after=list(a), blocks={"eager": list(e)}).host_normalised("eager") / np.median(g)
+                   for e, g, b, a in zip(u["eager"], u["graph"], before, after) if len(e) and len(g)]
+    if not per_process:
+        return None
+    e = typical(per_process)
+    return [e.value, e.ci_low, e.ci_high]
+
+
+def with_ref_speedup(runs: list[list[dict]]) -> list[list[dict]]:
+    """Rows measured in one pass get ``ref_speedup`` from their units (rows of passes have it from
+    ``combine_passes``)."""
+    out = []
+    for run in runs:
+        rows = []
+        for row in run:
+            figure = None if "ref_speedup" in row["metrics"] else ref_speedup(row)
+            rows.append({**row, "metrics": {**row["metrics"], "ref_speedup": figure}} if figure else row)
+        out.append(rows)
+    return out
+
+
 def as_passes(runs: list[list[dict]], k: int) -> list[list[dict]]:
     """Every choice of ``k`` of the runs, each taken as the passes of one run (``combine_passes``):
     what measuring each config in ``k`` passes spread over minutes would give, from runs already
@@ -248,6 +277,7 @@ def at_run_speed(run: list[dict]) -> list[float | None]:
 
 
 def summarize(runs: list[list[dict]]) -> None:
+    runs = with_ref_speedup(runs)
     keys = [(r["workload"], json.dumps(r["params"], sort_keys=True)) for r in runs[0]]
     scaled = [at_run_speed(run) for run in runs]
     eager_spreads: dict[str, list[float]] = {}
