@@ -62,7 +62,7 @@ NOISY = [  # the six configs with the widest speedup intervals in the H200 run o
     ("recommender", {"tables": 4}),
     ("sdpa_attention", {"seq_len": 16}),
 ]
-METRICS = ("speedup", "eager", "graph", "graph_gpu", "ref_speedup")  # the last: runs in passes only
+METRICS = ("speedup", "eager", "graph", "graph_gpu", "ref_speedup")  # the last: rows with raw units only
 ACROSS = ("speedup", "eager")  # the figures that carry the host's state from run to run
 TARGETS = {"speedup": "median <= 8%, none above 20%", "graph": "<= 2%", "graph_gpu": "<= 2%"}
 
@@ -155,12 +155,6 @@ def combine_passes(rows: list[dict]) -> list[dict]:
             if len(values) == len(group):
                 e = typical([[v] for v in values])
                 metrics[name] = [e.value, e.ci_low, e.ci_high]
-        # Eager over the host reference, per graph replay time: a speedup with the host's speed
-        # taken out (in no unit a user knows: for its steadiness across passes and runs only).
-        ratios = [r.get("eager_normalised", 0) / r["metrics"]["graph"][0] for r in group if "graph" in r["metrics"]]
-        if len(ratios) == len(group) and all(ratios):
-            e = typical([[v] for v in ratios])
-            metrics["ref_speedup"] = [e.value, e.ci_low, e.ci_high]
         row = {"workload": group[0]["workload"], "params": group[0]["params"], "wall_s": sum(r["wall_s"] for r in group),
                "metrics": metrics, "passes": group}
         for key, read in (("eager_all_units", None), ("eager_normalised", None), ("host_base", host_base)):
@@ -173,15 +167,12 @@ def combine_passes(rows: list[dict]) -> list[dict]:
 
 
 def recompute(runs: list[list[dict]]) -> list[list[dict]]:
-    """The runs' figures computed again from their raw units with this checkout's statistics. A
-    file that kept one reference per unit (the slower of the two) uses it on both sides."""
+    """The runs' figures computed again from their raw units with this checkout's statistics, each
+    pass its own row (``as_run`` combines them). A file that kept one reference per unit (the slower of the two) uses it on both sides."""
     out = []
     for run in runs:
-        if run and "passes" in run[0]:
-            out.append(combine_passes(recompute([unpassed(run)])[0]))
-            continue
         rows = []
-        for row in run:
+        for row in unpassed(run):
             u = row.get("units")
             if not u:
                 rows.append(row)
@@ -218,17 +209,12 @@ def ref_speedup(row: dict) -> list[float] | None:
     return [e.value, e.ci_low, e.ci_high]
 
 
-def with_ref_speedup(runs: list[list[dict]]) -> list[list[dict]]:
-    """Rows measured in one pass get ``ref_speedup`` from their units (rows of passes have it from
-    ``combine_passes``)."""
-    out = []
-    for run in runs:
-        rows = []
-        for row in run:
-            figure = None if "ref_speedup" in row["metrics"] else ref_speedup(row)
-            rows.append({**row, "metrics": {**row["metrics"], "ref_speedup": figure}} if figure else row)
-        out.append(rows)
-    return out
+def as_run(rows: list[dict]) -> list[dict]:
+    """One run's rows as summarized: each measurement with ``ref_speedup`` from its raw units (in no
+    unit a user knows: for its steadiness across passes and runs only), then each config's passes
+    combined (``combine_passes``)."""
+    rows = [{**r, "metrics": {**r["metrics"], "ref_speedup": figure}} if (figure := ref_speedup(r)) else r for r in rows]
+    return combine_passes(rows)
 
 
 def as_passes(runs: list[list[dict]], k: int) -> list[list[dict]]:
@@ -277,7 +263,6 @@ def at_run_speed(run: list[dict]) -> list[float | None]:
 
 
 def summarize(runs: list[list[dict]]) -> None:
-    runs = with_ref_speedup(runs)
     keys = [(r["workload"], json.dumps(r["params"], sort_keys=True)) for r in runs[0]]
     scaled = [at_run_speed(run) for run in runs]
     eager_spreads: dict[str, list[float]] = {}
@@ -358,11 +343,14 @@ def main() -> None:
     if args.as_passes is not None and not args.summarize:
         parser.error("--as-passes goes with --summarize")
     if args.summarize:
-        with open(args.summarize) as f:
-            saved = json.load(f)
+        try:
+            with open(args.summarize) as f:
+                saved = json.load(f)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--summarize {args.summarize}: {exc}")
         print(f"{saved['command']}: {len(saved['runs'])} run(s), settings {saved['settings']}")
         # Passes are combined again, as this checkout combines them.
-        runs = recompute(saved["runs"]) if args.recompute else [combine_passes(unpassed(run)) for run in saved["runs"]]
+        runs = [as_run(run) for run in (recompute(saved["runs"]) if args.recompute else map(unpassed, saved["runs"]))]
         if args.as_passes is not None:
             if not 2 <= args.as_passes <= len(runs):
                 parser.error(f"--as-passes takes 2 to {len(runs)} of this file's {len(runs)} runs")
@@ -377,7 +365,7 @@ def main() -> None:
     runs, started = [], time.time()
     for i in range(args.runs):
         print(f"run {i + 1}", flush=True)
-        runs.append(combine_passes(run_once(configs, parameters, args.passes)))
+        runs.append(as_run(run_once(configs, parameters, args.passes)))
         if args.out:
             with open(args.out, "w") as f:
                 json.dump({"command": " ".join(sys.argv), "started": started, "host": host_facts(),

@@ -291,7 +291,7 @@ def test_measured_passes_saw_host_states_that_move_eager_but_not_eager_over_the_
     calibration = benchmark("interval_calibration")
     runs = json.loads((DATA / "h100-calibration-passes.json").read_text())["runs"]
     assert len(runs) == 2 and all(len(row["passes"]) == 4 for run in runs for row in run)
-    recombined = calibration.recompute(runs)
+    recombined = [calibration.as_run(run) for run in calibration.recompute(runs)]
     widths = [(hi - lo) / 2 / v for run in recombined for row in run for v, lo, hi in [row["metrics"]["speedup"]]]
     assert statistics.median(widths) > 0.08
     # The same passes' speedup with the host's speed taken out (eager over the reference, per graph
@@ -313,7 +313,7 @@ def test_a_single_runs_speedup_with_the_host_speed_taken_out_holds_across_runs_w
     the host reference per graph time held the median of the runs in >= 80% of runs at a median
     half-width <= 8% (none above 20%), where the speedup's interval held it in under 65%."""
     calibration = benchmark("interval_calibration")
-    saved = calibration.with_ref_speedup(json.loads((DATA / name).read_text())["runs"])
+    saved = [calibration.as_run(run) for run in json.loads((DATA / name).read_text())["runs"]]
     assert len(saved) == runs
 
     def holding(metric):
