@@ -168,7 +168,8 @@ def combine_passes(rows: list[dict]) -> list[dict]:
 
 def recompute(runs: list[list[dict]]) -> list[list[dict]]:
     """The runs' figures computed again from their raw units with this checkout's statistics, each
-    pass its own row (``as_run`` combines them). A file that kept one reference per unit (the slower of the two) uses it on both sides."""
+    pass its own row (``as_run`` combines them). A file that kept one reference per unit (the
+    slower of the two) uses it on both sides."""
     out = []
     for run in runs:
         rows = []
