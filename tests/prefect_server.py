@@ -34,6 +34,8 @@ def prefect_server(home, extra_env: dict | None = None):
         "PREFECT_HOME": str(home),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_API_SERVICES_SCHEDULER_LOOP_SECONDS": "2",
+        # A 503 from the server is SQLite saying "busy": log why, so a failed test shows it.
+        "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true",
         # The port as the README sets it: `--port` alone leaves the UI calling port 4200.
         "PREFECT_SERVER_API_PORT": str(port),
         **(extra_env or {}),
