@@ -27,6 +27,11 @@ MIN_KEPT = 3  # a process with fewer undisturbed units is left out of a figure
 # sets them aside as eager's does.
 GPU_PACED = frozenset({"graph"})
 UNMOVED = 0.02
+# The host-normalised speedup is eager over the reference blocks around it, per mode time, times
+# this fixed reference time: the speedup on a host whose reference block takes 0.4 ms (the middle
+# of the 0.26-0.58 ms the H100 and H200 VMs measured). Fixed, so that runs compare; the scale
+# changes no ratio between runs and no relative width.
+STANDARD_REFERENCE_S = 0.4e-3
 
 
 @dataclass
@@ -86,6 +91,7 @@ class Figures:
     normalised: Estimate | None  # eager in units of the host reference block
     all_disturbed: bool = False  # no process had enough undisturbed units: every unit counts
     gpu_paced: frozenset[str] = frozenset()  # modes whose figures count every unit of every process
+    normalised_speedup: dict[str, Estimate] = field(default_factory=dict)  # see host_normalised_speedup
 
     @property
     def estimates(self) -> list[Estimate]:
@@ -128,7 +134,20 @@ def figures(units: list[Units], modes: list[str], base: float | None = None, gpu
     # Over every unit: dividing by the reference already takes the host's speed out, disturbed or
     # not, and on the H200 runs it was steadier from run to run so than over the undisturbed units.
     f.normalised = typical([u.host_normalised("eager") for u in units if len(u)]) if "eager" in modes else None
+    f.normalised_speedup = {m: e for m in f.speedup if (e := host_normalised_speedup(units, m)) is not None}
     return f
+
+
+def host_normalised_speedup(units: list[Units], mode: str) -> Estimate | None:
+    """The speedup with the host's speed taken out: per process, the median over every unit of eager
+    over the reference blocks around it, over the process's median ``mode`` block, times
+    STANDARD_REFERENCE_S; the typical process's figure (``typical``). Eager moves with the host's
+    speed and the reference with it; ``mode``, paced by the GPU, does not. So where the whole host
+    runs at another speed for minutes, which moves the speedup from run to run and which no interval
+    over one run's processes can see, this figure stays put (``benchmarks/interval_calibration.py``)."""
+    per_process = [u.host_normalised("eager") * STANDARD_REFERENCE_S / np.median(u.blocks[mode])
+                   for u in units if len(u) and len(u.blocks.get(mode, ()))]
+    return typical(per_process) if per_process else None
 
 
 def _unmoved(units: list[Units], masks: list[np.ndarray], mode: str) -> bool:
@@ -234,6 +253,8 @@ def assemble(
         if name in f.speedup:
             s = f.speedup[name]
             r.speedup, r.speedup_ci_low, r.speedup_ci_high = s.value, s.ci_low, s.ci_high
+            if (n := f.normalised_speedup.get(name)) is not None:
+                r.normalised_speedup, r.normalised_speedup_ci_low, r.normalised_speedup_ci_high = n.value, n.ci_low, n.ci_high
             r.speedup_per_process = [
                 float(np.median((np.asarray(units[i].blocks["eager"]) / np.asarray(units[i].blocks[name]))[f.masks[i]]))
                 for i in f.used

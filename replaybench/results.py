@@ -109,6 +109,10 @@ class ModeResult(BaseModel):
     speedup_ci_low: float | None = None
     speedup_ci_high: float | None = None
     speedup_per_process: list[float] = Field(default_factory=list)  # each process's own speedup
+    # the speedup on a host of a fixed speed (analysis.host_normalised_speedup): to compare runs by
+    normalised_speedup: float | None = None
+    normalised_speedup_ci_low: float | None = None
+    normalised_speedup_ci_high: float | None = None
     capture_s: float | None = None
     first_replay_s: float | None = None
     graph_pool_bytes: int | None = None

@@ -130,6 +130,10 @@ class Result(Base):
     speedup: Mapped[float | None]
     speedup_ci_low: Mapped[float | None]
     speedup_ci_high: Mapped[float | None]
+    # the speedup with the host's speed taken out, and its 95% interval (analysis.host_normalised_speedup)
+    normalised_speedup: Mapped[float | None]
+    normalised_speedup_ci_low: Mapped[float | None]
+    normalised_speedup_ci_high: Mapped[float | None]
     capture_s: Mapped[float | None]
     first_replay_s: Mapped[float | None]
     graph_pool_bytes: Mapped[int | None] = mapped_column(BigInteger)
@@ -272,6 +276,9 @@ def _result_row(run_id: int, config: ConfigResult, m: ModeResult, gpu: str | Non
         speedup=m.speedup,
         speedup_ci_low=m.speedup_ci_low,
         speedup_ci_high=m.speedup_ci_high,
+        normalised_speedup=m.normalised_speedup,
+        normalised_speedup_ci_low=m.normalised_speedup_ci_low,
+        normalised_speedup_ci_high=m.normalised_speedup_ci_high,
         capture_s=m.capture_s,
         first_replay_s=m.first_replay_s,
         graph_pool_bytes=m.graph_pool_bytes,

@@ -32,7 +32,8 @@ def known_result(workload="seed_mlp", eager_us=45.0, graph_us=6.5, reason=None):
         modes.append(ModeResult(mode="graph", status="ok", throughput=series(graph), latency=series([x * 2 for x in graph]),
                                 gpu=series([6.4e-6] * 10), host_enqueue=series([4e-6] * 10), kernels_per_iter=3.0,
                                 speedup=eager_us / graph_us, speedup_ci_low=eager_us / graph_us - 0.1,
-                                speedup_ci_high=eager_us / graph_us + 0.1, capture_s=0.0123, first_replay_s=0.0004,
+                                speedup_ci_high=eager_us / graph_us + 0.1, normalised_speedup=7.5, normalised_speedup_ci_low=7.2,
+                                normalised_speedup_ci_high=7.9, capture_s=0.0123, first_replay_s=0.0004,
                                 graph_pool_bytes=3 * 2**20, break_even_replays=330.0, iters_per_block=1500))
     return ConfigResult(workload=workload, params={"batch_size": 1, "dtype": "float32", "width": 128}, device="NVIDIA H200",
                         modes=modes, cpu_core=3, host=HostReference(base_s=0.01, share_disturbed=0.25, slowest=2.0))

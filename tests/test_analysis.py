@@ -4,7 +4,7 @@ and flags, on known inputs."""
 import numpy as np
 import pytest
 
-from replaybench.analysis import Units, assemble, figures, interim
+from replaybench.analysis import STANDARD_REFERENCE_S, Units, assemble, figures, host_normalised_speedup, interim
 from replaybench.results import MeasureSettings, ModeResult
 from replaybench.stats import typical
 from replaybench.workload import BenchConfig
@@ -54,6 +54,42 @@ def test_the_figure_is_the_geometric_mean_of_the_processes_own_figures():
     assert f.speedup["graph"].value == pytest.approx(np.exp(np.mean(np.log([40 / 6.5, 44 / 6.5, 50 / 6.5]))))
     expected = typical([[40 / 6.5], [44 / 6.5], [50 / 6.5]])
     assert (f.speedup["graph"].ci_low, f.speedup["graph"].ci_high) == pytest.approx((expected.ci_low, expected.ci_high))
+
+
+def test_the_host_normalised_speedup_stays_put_when_the_whole_host_runs_slower_and_the_speedup_does_not():
+    # Two runs of one config: in the second the whole host runs 1.6x slower for the config's seconds
+    # (eager and the reference alike, every unit: the filter sees nothing disturbed), graph replay,
+    # paced by the GPU, as before.
+    rng = np.random.default_rng(2)
+
+    def run(host):
+        return [units(40e-6 * host * (1 + 0.01 * rng.standard_normal(12)), [5e-6] * 12, [REF * host] * 12) for _ in range(4)]
+
+    fast, slow = figures(run(1.0), ["eager", "graph"]), figures(run(1.6), ["eager", "graph"])
+    assert slow.speedup["graph"].value / fast.speedup["graph"].value == pytest.approx(1.6, rel=0.02)
+    assert not slow.speedup["graph"].ci_low <= fast.speedup["graph"].value <= slow.speedup["graph"].ci_high
+    a, b = fast.normalised_speedup["graph"], slow.normalised_speedup["graph"]
+    assert b.value == pytest.approx(a.value, rel=0.02) and b.ci_low <= a.value <= b.ci_high
+    # its scale: the speedup on a host whose reference block takes STANDARD_REFERENCE_S
+    assert a.value == pytest.approx(8.0 * STANDARD_REFERENCE_S / REF, rel=0.02)
+
+
+def test_the_host_normalised_speedup_is_the_typical_process_median_of_eager_over_its_references_over_graph():
+    # Per process: the median over every unit (disturbed ones too) of eager over the geometric mean of
+    # the references around it, over the process's median graph block; then ``typical``.
+    procs = []
+    for e, g in ((40e-6, 5e-6), (44e-6, 5.5e-6), (50e-6, 5e-6)):
+        u = Units()
+        u.add({"ref": [REF, 2 * REF, REF, REF], "eager": [e, 1.5 * e, e], "graph": [g, g, 1.01 * g]})
+        procs.append(u)
+    by_hand = []
+    for u in procs:
+        refs = np.sqrt(np.multiply(u.ref_before, u.ref_after))
+        by_hand.append(np.asarray(u.blocks["eager"]) / refs * STANDARD_REFERENCE_S / np.median(u.blocks["graph"]))
+    expected, got = typical(by_hand), host_normalised_speedup(procs, "graph")
+    assert (got.value, got.ci_low, got.ci_high) == pytest.approx((expected.value, expected.ci_low, expected.ci_high))
+    assert figures(procs, ["eager", "graph"]).normalised_speedup["graph"] == got
+    assert host_normalised_speedup([Units()], "graph") is None
 
 
 def test_units_timed_while_the_core_ran_slow_are_set_aside():
@@ -126,6 +162,10 @@ def test_assemble_reports_every_figure_and_the_break_even_point():
     assert graph.speedup == pytest.approx(figures(procs, ["eager", "graph"]).speedup["graph"].value)
     assert len(graph.speedup_per_process) == 3 and eager.host_normalised is not None
     assert eager.host_normalised.value == pytest.approx(eager.throughput.value / REF, rel=1e-6)
+    normalised = figures(procs, ["eager", "graph"]).normalised_speedup["graph"]
+    assert (graph.normalised_speedup, graph.normalised_speedup_ci_low, graph.normalised_speedup_ci_high) == \
+        pytest.approx((normalised.value, normalised.ci_low, normalised.ci_high))
+    assert eager.normalised_speedup is None
     saved = eager.throughput.value - graph.throughput.value
     assert graph.break_even_replays == pytest.approx(0.012 / saved)
     assert graph.capture_s == 0.010

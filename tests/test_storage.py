@@ -29,6 +29,9 @@ def test_round_trip_on_a_real_sqlite_file(db_url, tmp_path):
     expected = known_result()
     assert by_mode["eager"].throughput_s == pytest.approx(expected.mode("eager").throughput.value)
     assert by_mode["graph"].speedup == pytest.approx(45.0 / 6.5)
+    graph = by_mode["graph"]
+    assert (graph.normalised_speedup, graph.normalised_speedup_ci_low, graph.normalised_speedup_ci_high) == (7.5, 7.2, 7.9)
+    assert by_mode["eager"].normalised_speedup is None
     assert by_mode["graph"].graph_pool_bytes == 3 * 2**20
     assert by_mode["eager"].samples["throughput"] == expected.mode("eager").throughput.blocks
     assert by_mode["eager"].launch_overhead_s == pytest.approx(45e-6 - 7.5e-6, rel=0.05)
@@ -45,7 +48,7 @@ def test_failures_make_the_run_completed_with_failures(db_url):
 def test_schema_is_at_the_newest_migration(db_url, tmp_path):
     Store(db_url)
     con = sqlite3.connect(tmp_path / "replaybench.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0007",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0008",)
     assert con.execute("pragma journal_mode").fetchone() == ("wal",)
     assert {"runs", "results"} <= set(inspect(Store(db_url).engine).get_table_names())
 
@@ -155,7 +158,7 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
     assert "gpu" not in {c["name"] for c in inspect(engine).get_columns("results")}
     store = Store(url)  # opening upgrades in place
     con = sqlite3.connect(tmp_path / "old.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0007",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0008",)
     indexes = {i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("results")}
     assert indexes == {"ix_results_run_id": ["run_id"], "ix_results_history": ["workload", "params_key", "mode", "run_id"]}
     run = store.run(7)
