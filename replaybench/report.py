@@ -16,6 +16,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
+from .analysis import STANDARD_REFERENCE_S
 from .history import MIN_HISTORY
 from .params import MIN_EFFECT
 from .results import MODE_LABELS, MODES
@@ -218,6 +219,7 @@ def environment(template_dir: str | os.PathLike | None = None) -> Environment:
         autoescape=False,  # markdown, not HTML: untrusted text goes through md_cell instead
     )
     env.filters.update(cell=md_cell, us=us, times=times, pct=pct, ms=ms, mib=mib, params=params_label, verdict=verdict)
+    env.globals["standard_reference_ms"] = STANDARD_REFERENCE_S * 1e3
     return env
 
 

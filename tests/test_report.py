@@ -159,3 +159,14 @@ def test_the_host_table_counts_the_processes_each_figure_rests_on(tmp_path):
     for key, modes in rows.items():  # as many as the figures, recomputed from the stored units, rest on
         assert counted[key][0] == len(figures(stored_units(modes), list(modes)).used)
     assert "| batch_size=1, depth=2, dtype=float32 | 32 of 228 (86% set aside) | 3 of 6 |" in text
+
+
+def test_the_host_table_shows_the_speedup_with_the_hosts_speed_taken_out_and_n_a_where_none_was_stored(db_url, tmp_path):
+    without = known_result(workload="deep_mlp")
+    without.mode("graph").normalised_speedup = None
+    store, run_id = stored_run(db_url, known_result(), without)
+    _, text = write_report(store, run_id, tmp_path)
+    for workload, shown in (("seed_mlp", "7.50x [7.20x, 7.90x]"), ("deep_mlp", "n/a")):
+        (host_row,) = [r for r in table_rows(section(text, workload), "batch_size=1, dtype=float32, width=128 |") if len(r) == 6]
+        assert host_row[5] == shown
+    assert "on a host whose reference block takes 0.4 ms" in text
