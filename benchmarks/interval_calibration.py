@@ -24,9 +24,10 @@ With ``--passes K``, each run measures its configs K times over, each time with 
 by K, and a config's figure is the geometric mean of its K passes with the t interval over them:
 passes minutes apart witness host states that one config's seconds do not (the host's speed moves
 for tens of seconds, on every core at once), which a single run's interval cannot hold. Runs with
-raw units also print ``ref_speedup``: eager over the host reference per graph replay time, the
-speedup with the host's speed taken out; from a single pass, over its processes (every unit counted).
-``--as-passes K`` takes every K runs of a saved file as the passes of one run, for a first look.
+raw units also print ``normalised_speedup``, the speedup with the host's speed taken out, as the
+engine reports it (``analysis.host_normalised_speedup``), recomputed from those units.
+``--as-passes K`` takes every K runs of a saved file as the passes of one run, for a first look;
+``--passes-as-runs`` each pass of a saved file as a run of its own.
 ``--out`` keeps every run's figures (value and interval of each metric, per config) as JSON: the
 night-to-night noise of ``benchmarks/regression_detector.py`` comes from such a file. This is a
 benchmark, not a test: it prints figures and the targets, and never asserts.
@@ -46,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replaybench.analysis import Units, figures  # noqa: E402
+from replaybench.analysis import Units, figures, host_normalised_speedup  # noqa: E402
 from replaybench.health import host_facts  # noqa: E402
 from replaybench.history import Point, across_nights  # noqa: E402
 from replaybench.params import RunParameters  # noqa: E402
@@ -62,7 +63,7 @@ NOISY = [  # the six configs with the widest speedup intervals in the H200 run o
     ("recommender", {"tables": 4}),
     ("sdpa_attention", {"seq_len": 16}),
 ]
-METRICS = ("speedup", "eager", "graph", "graph_gpu", "ref_speedup")  # the last: rows with raw units only
+METRICS = ("speedup", "eager", "graph", "graph_gpu", "normalised_speedup")
 ACROSS = ("speedup", "eager")  # the figures that carry the host's state from run to run
 TARGETS = {"speedup": "median <= 8%, none above 20%", "graph": "<= 2%", "graph_gpu": "<= 2%"}
 
@@ -91,6 +92,9 @@ def result_figures(result) -> dict:
             out["metrics"][name] = [s.value, s.ci_low, s.ci_high]
     if graph is not None and graph.speedup is not None:
         out["metrics"]["speedup"] = [graph.speedup, graph.speedup_ci_low, graph.speedup_ci_high]
+    if graph is not None and graph.normalised_speedup is not None:
+        out["metrics"]["normalised_speedup"] = [graph.normalised_speedup, graph.normalised_speedup_ci_low,
+                                                graph.normalised_speedup_ci_high]
     if eager is not None and eager.status == "ok":
         groups = eager.throughput.groups()
         out["eager_all_units"] = typical(groups).value
@@ -136,6 +140,17 @@ def unpassed(run: list[dict]) -> list[dict]:
     return [p for row in run for p in row.get("passes", [row])]
 
 
+def passes_as_runs(runs: list[list[dict]]) -> list[list[dict]]:
+    """Each pass of each run taken as a run of its own: what one pass's share of the budget gives,
+    read across host states minutes apart."""
+    out = []
+    for run in runs:
+        rows = unpassed(run)
+        for p in sorted({r.get("pass", 0) for r in rows}):
+            out.append([{**r, "pass": 0} for r in rows if r.get("pass", 0) == p])
+    return out
+
+
 def combine_passes(rows: list[dict]) -> list[dict]:
     """Rows of one run, one per config: a config measured in several passes gets, per metric, the
     geometric mean of its passes' figures and the Student-t interval over them (passes - 1 degrees
@@ -168,8 +183,7 @@ def combine_passes(rows: list[dict]) -> list[dict]:
 
 def recompute(runs: list[list[dict]]) -> list[list[dict]]:
     """The runs' figures computed again from their raw units with this checkout's statistics, each
-    pass its own row (``as_run`` combines them). A file that kept one reference per unit (the
-    slower of the two) uses it on both sides."""
+    pass its own row (``as_run`` combines them)."""
     out = []
     for run in runs:
         rows = []
@@ -178,12 +192,7 @@ def recompute(runs: list[list[dict]]) -> list[list[dict]]:
             if not u:
                 rows.append(row)
                 continue
-            before = u.get("ref_before") or u["ref"]
-            after = u.get("ref_after") or u["ref"]
-            processes = []
-            for e, g, b, a in zip(u["eager"], u["graph"], before, after):
-                p = Units(ref_before=list(b), ref_after=list(a), blocks={"eager": list(e), "graph": list(g)})
-                processes.append(p)
+            processes = row_units(row)
             f = figures(processes, ["eager", "graph"])
             metrics = dict(row["metrics"])
             for name, e in (("speedup", f.speedup["graph"]), ("eager", f.throughput["eager"]), ("graph", f.throughput["graph"])):
@@ -194,27 +203,28 @@ def recompute(runs: list[list[dict]]) -> list[list[dict]]:
     return out
 
 
-def ref_speedup(row: dict) -> list[float] | None:
-    """The speedup with the host's speed taken out, from one measurement's raw units: per process,
-    the median over every unit of eager over the reference blocks around it, over the process's
-    median graph time; their geometric mean and t interval (``typical``). [value, low, high]."""
-    u = row.get("units")
-    if not u:
-        return None
+def row_units(row: dict) -> list[Units]:
+    """Each measuring process's raw units of one measurement, as the engine holds them. A file that
+    kept one reference per unit (the slower of the two) uses it on both sides."""
+    u = row["units"]
     before, after = u.get("ref_before") or u["ref"], u.get("ref_after") or u["ref"]
-    per_process = [Units(ref_before=list(b), ref_after=list(a), blocks={"eager": list(e)}).host_normalised("eager") / np.median(g)
-                   for e, g, b, a in zip(u["eager"], u["graph"], before, after) if len(e) and len(g)]
-    if not per_process:
-        return None
-    e = typical(per_process)
-    return [e.value, e.ci_low, e.ci_high]
+    return [Units(ref_before=list(b), ref_after=list(a), blocks={"eager": list(e), "graph": list(g)})
+            for e, g, b, a in zip(u["eager"], u["graph"], before, after)]
+
+
+def normalised_speedup(row: dict) -> list[float] | None:
+    """The engine's host-normalised speedup (``analysis.host_normalised_speedup``) from one
+    measurement's raw units: [value, low, high]."""
+    e = host_normalised_speedup(row_units(row), "graph") if row.get("units") else None
+    return [e.value, e.ci_low, e.ci_high] if e is not None else None
 
 
 def as_run(rows: list[dict]) -> list[dict]:
-    """One run's rows as summarized: each measurement with ``ref_speedup`` from its raw units (in no
-    unit a user knows: for its steadiness across passes and runs only), then each config's passes
-    combined (``combine_passes``)."""
-    rows = [{**r, "metrics": {**r["metrics"], "ref_speedup": figure}} if (figure := ref_speedup(r)) else r for r in rows]
+    """One run's rows as summarized: each measurement with ``normalised_speedup`` from its raw units
+    (files made before the engine stored it hold the units only), then each config's passes combined
+    (``combine_passes``)."""
+    rows = [{**r, "metrics": {**r["metrics"], "normalised_speedup": figure}} if (figure := normalised_speedup(r)) else r
+            for r in rows]
     return combine_passes(rows)
 
 
@@ -268,7 +278,7 @@ def summarize(runs: list[list[dict]]) -> None:
     scaled = [at_run_speed(run) for run in runs]
     eager_spreads: dict[str, list[float]] = {}
     print()
-    print(f"{'config':<58} {'metric':<10} {'half-width':>10} {'max':>7} {'covered':>8}")
+    print(f"{'config':<58} {'metric':<18} {'half-width':>10} {'max':>7} {'covered':>8}")
     overall: dict[str, list] = {m: [] for m in METRICS}
     covered: dict[str, list] = {m: [] for m in METRICS}
     across_widths: dict[str, list] = {m: [] for m in ACROSS}
@@ -285,7 +295,7 @@ def summarize(runs: list[list[dict]]) -> None:
             hits = [v[1] <= center <= v[2] for v in values]
             overall[metric] += widths
             covered[metric] += hits
-            print(f"{label:<58} {metric:<10} {statistics.median(widths):>10.1%} {max(widths):>7.1%} "
+            print(f"{label:<58} {metric:<18} {statistics.median(widths):>10.1%} {max(widths):>7.1%} "
                   f"{sum(hits)}/{len(hits):<6}")
             label = ""
             found = [(v, a) for v, a in zip(values, across(values)) if a] if metric in ACROSS else []
@@ -293,7 +303,7 @@ def summarize(runs: list[list[dict]]) -> None:
                 held = [a[0] <= center <= a[1] for _, a in found]
                 across_widths[metric] += [(a[1] - a[0]) / 2 / v[0] for v, a in found]
                 across_held[metric] += held
-                print(f"{'':<58} {'  nights':<10} {statistics.median([(a[1] - a[0]) / 2 / v[0] for v, a in found]):>10.1%} "
+                print(f"{'':<58} {'  nights':<18} {statistics.median([(a[1] - a[0]) / 2 / v[0] for v, a in found]):>10.1%} "
                       f"{max((a[1] - a[0]) / 2 / v[0] for v, a in found):>7.1%} {sum(held)}/{len(held):<6}")
         walls = [r["wall_s"] for r in rows]
         spreads = {"reported": spread([r["metrics"]["eager"][0] for r in rows]),
@@ -311,13 +321,13 @@ def summarize(runs: list[list[dict]]) -> None:
     for metric in METRICS:
         w = overall[metric]
         if w:
-            print(f"overall {metric:<10}: median half-width {statistics.median(w):.1%}, max {max(w):.1%}, "
+            print(f"overall {metric:<18}: median half-width {statistics.median(w):.1%}, max {max(w):.1%}, "
                   f"covered {sum(covered[metric])}/{len(covered[metric])} ({np.mean(covered[metric]):.0%})"
                   + (f"   target {TARGETS[metric]}" if metric in TARGETS else ""))
     for metric in ACROSS:
         w = across_widths[metric]
         if w:
-            print(f"across nights {metric:<10}: median half-width {statistics.median(w):.1%}, max {max(w):.1%}, "
+            print(f"across nights {metric:<18}: median half-width {statistics.median(w):.1%}, max {max(w):.1%}, "
                   f"covered {sum(across_held[metric])}/{len(w)} ({np.mean(across_held[metric]):.0%}), "
                   "each run's with the others as its history")
     print("coverage target: each config's interval holds the median of the runs' points in >= 90% of runs")
@@ -336,13 +346,17 @@ def main() -> None:
     parser.add_argument("--summarize", metavar="FILE", help="print the summary of a file written by --out; measure nothing")
     parser.add_argument("--as-passes", type=int, metavar="K",
                         help="with --summarize: take every K of the file's runs as the passes of one run (as_passes)")
+    parser.add_argument("--passes-as-runs", action="store_true",
+                        help="with --summarize: take each pass of the file's runs as a run of its own (passes_as_runs)")
     parser.add_argument("--recompute", action="store_true",
                         help="with --summarize: compute the figures again from the file's raw units with this checkout's statistics")
     args = parser.parse_args()
     if args.passes < 1 or args.runs < 1:
         parser.error("--runs and --passes must be at least 1")
-    if args.as_passes is not None and not args.summarize:
-        parser.error("--as-passes goes with --summarize")
+    if (args.as_passes is not None or args.passes_as_runs) and not args.summarize:
+        parser.error("--as-passes and --passes-as-runs go with --summarize")
+    if args.as_passes is not None and args.passes_as_runs:
+        parser.error("--as-passes and --passes-as-runs are two readings of a file: take one")
     if args.summarize:
         try:
             with open(args.summarize) as f:
@@ -351,7 +365,11 @@ def main() -> None:
             parser.error(f"--summarize {args.summarize}: {exc}")
         print(f"{saved['command']}: {len(saved['runs'])} run(s), settings {saved['settings']}")
         # Passes are combined again, as this checkout combines them.
-        runs = [as_run(run) for run in (recompute(saved["runs"]) if args.recompute else map(unpassed, saved["runs"]))]
+        runs = recompute(saved["runs"]) if args.recompute else [unpassed(run) for run in saved["runs"]]
+        if args.passes_as_runs:
+            runs = passes_as_runs(runs)
+            print(f"each pass taken as a run of its own: {len(runs)} runs")
+        runs = [as_run(run) for run in runs]
         if args.as_passes is not None:
             if not 2 <= args.as_passes <= len(runs):
                 parser.error(f"--as-passes takes 2 to {len(runs)} of this file's {len(runs)} runs")

@@ -3,8 +3,9 @@
     python benchmarks/suite_intervals.py replaybench.db [--run N] [--recompute]
 
 For each config of the run (the newest, or ``--run N``) with a graph result: the relative
-half-width of the speedup's interval, of graph time per call's and of graph GPU time's, and how many
-measuring processes each rests on; then, over the configs, the median and largest half-width of each
+half-width of the speedup's interval, of graph time per call's, of graph GPU time's and of the
+speedup with the host's speed taken out (``normalised``: as stored, or from the stored units for rows
+stored before the engine stored it), and how many measuring processes each rests on; then, over the configs, the median and largest half-width of each
 and how many are within the target (speedup: median <= 8%, none above 20%; graph time per call and
 GPU time: <= 2%). ``--recompute`` computes the speedup and time per call again from the run's stored
 units with this checkout's statistics (``replaybench.analysis.figures``); GPU time is as stored.
@@ -24,10 +25,11 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replaybench.analysis import figures, stored_units  # noqa: E402
+from replaybench.analysis import figures, host_normalised_speedup, stored_units  # noqa: E402
 from replaybench.storage import Store  # noqa: E402
 
-TARGETS = {"speedup": (0.08, 0.20), "graph": (None, 0.02), "graph GPU": (None, 0.02)}
+TARGETS = {"speedup": (0.08, 0.20), "graph": (None, 0.02), "graph GPU": (None, 0.02), "normalised": (0.08, 0.20)}
+METRICS = ("speedup", "graph", "graph GPU", "normalised")
 
 
 def halfwidth(value, low, high) -> float | None:
@@ -45,6 +47,13 @@ def config_widths(modes: dict, recompute: bool) -> dict[str, tuple[float | None,
     else:
         out["speedup"] = (halfwidth(graph.speedup, graph.speedup_ci_low, graph.speedup_ci_high), modes["eager"].processes[0])
         out["graph"] = (halfwidth(graph.throughput_s, graph.throughput_ci_low, graph.throughput_ci_high), graph.processes[0])
+    if graph.normalised_speedup is not None and not recompute:
+        out["normalised"] = (halfwidth(graph.normalised_speedup, graph.normalised_speedup_ci_low, graph.normalised_speedup_ci_high),
+                             graph.processes[1])
+    else:  # a row stored before the engine stored it: from its stored units
+        units = [u for u in stored_units(modes) if len(u)]
+        estimate = host_normalised_speedup(units, "graph")
+        out["normalised"] = (estimate.rel_halfwidth if estimate else None, len(units))
     return out
 
 
@@ -70,13 +79,13 @@ def main() -> None:
         rows = configs(run)
         widths: dict[str, list[float]] = defaultdict(list)
         print(f"run {run.id} ({run.status}), {'recomputed from stored units' if args.recompute else 'as stored'}")
-        print(f"{'config':<60} {'speedup':>14} {'graph':>14} {'graph GPU':>14}")
+        print(f"{'config':<60} {'speedup':>14} {'graph':>14} {'graph GPU':>14} {'normalised':>14}")
         for (workload, key), modes in sorted(rows.items()):
             if "graph" not in modes or "eager" not in modes or modes["graph"].throughput_s is None:
                 continue
             found = config_widths(modes, args.recompute)
             cells = []
-            for metric in ("speedup", "graph", "graph GPU"):
+            for metric in METRICS:
                 w, processes = found[metric]
                 if w is not None:
                     widths[metric].append(w)
