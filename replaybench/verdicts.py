@@ -52,6 +52,8 @@ EAGER_TIME = Metric("eager throughput", "throughput_s", "throughput_ci_low", "th
 THROUGHPUT = Metric("throughput", "throughput_s", "throughput_ci_low", "throughput_ci_high")
 GPU_TIME = Metric("GPU time", "gpu_s", "gpu_ci_low", "gpu_ci_high")
 SPEEDUP = Metric("speedup", "speedup", "speedup_ci_low", "speedup_ci_high")  # derived: shown, never judged
+NORMALISED_SPEEDUP = Metric("speedup, host's speed taken out", "normalised_speedup", "normalised_speedup_ci_low",
+                            "normalised_speedup_ci_high")  # derived too: shown, with its interval across nights
 
 
 def metrics(r) -> list[Metric]:
@@ -98,7 +100,8 @@ def _point(run, rows: list, metric: Metric) -> Point | None:
 # -- the nightly history -----------------------------------------------------------------------
 
 # What a history reads: the figures and the run's facts, not whole rows (their raw blocks are large).
-_METRIC_COLUMNS = sorted({c for m in (EAGER, EAGER_TIME, THROUGHPUT, GPU_TIME, SPEEDUP) for c in (m.column, m.low, m.high)})
+_METRIC_COLUMNS = sorted({c for m in (EAGER, EAGER_TIME, THROUGHPUT, GPU_TIME, SPEEDUP, NORMALISED_SPEEDUP)
+                          for c in (m.column, m.low, m.high)})
 _RESULT_COLUMNS = [Result.id, Result.run_id, Result.mode, *(getattr(Result, c) for c in _METRIC_COLUMNS)]
 _RUN_COLUMNS = [Run.id.label("run_pk"), Run.started_at, Run.parameters, Run.torch_version, Run.gpu_driver,
                 Run.cuda_version, Run.python_version, Run.package_version, Run.git_commit]
@@ -192,22 +195,22 @@ def judge_figures(store: Store, run: Run, baseline: int | None = None, history: 
     return out
 
 
-def speedups_across_nights(store: Store, run: Run) -> dict[int, tuple[float, float, int]]:
-    """Result id -> (low, high, nights) for each speedup of ``run`` with enough nightly history:
-    the interval of ``history.across_nights`` from the nights before the run, around the run's
-    figure (with same-night confirmations, their geometric mean), given on the first measurement's
-    row."""
+def speedups_across_nights(store: Store, run: Run, metric: Metric = SPEEDUP) -> dict[int, tuple[float, float, int]]:
+    """Result id -> (low, high, nights) for each speedup (``metric``: SPEEDUP or NORMALISED_SPEEDUP)
+    of ``run`` with enough nightly history: the interval of ``history.across_nights`` from the
+    nights before the run, around the run's figure (with same-night confirmations, their geometric
+    mean), given on the first measurement's row."""
     rows_by_key: dict[tuple, list[Result]] = defaultdict(list)
     for r in _measured(run):
-        if r.speedup is not None:
+        if getattr(r, metric.column) is not None:
             rows_by_key[_key(r)].append(r)
     if not rows_by_key:
         return {}
     history = _history(store, run, set(rows_by_key))
     out = {}
     for key, rows in rows_by_key.items():
-        nights = _points(history[key], SPEEDUP)
-        tonight = _point(run, rows, SPEEDUP)
+        nights = _points(history[key], metric)
+        tonight = _point(run, rows, metric)
         found = across_nights(nights, tonight) if tonight is not None else None
         if found is not None:
             out.update({r.id: (*found, len(nights)) for r in rows if not r.repeat})
