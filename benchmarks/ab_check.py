@@ -28,10 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -124,15 +126,23 @@ def summarize_identical(rows: list[dict]) -> None:
             print(f"  excludes no change: {r['workload']} {json.dumps(r['params'], sort_keys=True)} {r['mode']} {r['metric']}: {r['text']}")
 
 
-def stored_comparisons(url: str) -> list[tuple[object, list[dict]]]:
-    """Every A/B run in a store, oldest first, with its comparisons recomputed from its stored
-    units by the current ``replaybench.ab``: [(run, rows as `compare --format json` gives them)]."""
+def stored_comparisons(path: str | os.PathLike) -> list[tuple[object, list[dict]]]:
+    """Every A/B run in a SQLite file, oldest first, with its comparisons recomputed from its stored
+    units by the current ``replaybench.ab``: [(run, rows as `compare --format json` gives them)].
+    Read from a copy, brought to the current schema: the file itself is never changed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "copy.db"
+        shutil.copyfile(path, copy)
+        return _comparisons(f"sqlite:///{copy}")
+
+
+def _comparisons(url: str) -> list[tuple[object, list[dict]]]:
     sys.path.insert(0, str(REPO))
     from replaybench.ab import comparisons, ratios
     from replaybench.analysis import stored_units
     from replaybench.storage import Store
 
-    store = Store(url, migrate=False)
+    store = Store(url)
     found = []
     for run in reversed([r for r in store.runs(1000) if r.trigger == "ab"]):
         run = store.run(run.id)
@@ -157,8 +167,8 @@ def stored_comparisons(url: str) -> list[tuple[object, list[dict]]]:
     return found
 
 
-def recompute(url: str) -> None:
-    for run, rows in stored_comparisons(url):
+def recompute(path: str) -> None:
+    for run, rows in stored_comparisons(path):
         params = run.parameters or {}
         print(f"\n== run {run.id}: {params.get('b')} against {params.get('a')}, {len(rows)} comparison(s)")
         print_rows(rows)
@@ -182,7 +192,7 @@ def main() -> None:
     parser.add_argument("--recompute", metavar="DB", help="recompute the A/B runs stored in this SQLite file, and stop")
     args = parser.parse_args()
     if args.recompute:
-        return recompute(f"sqlite:///{Path(args.recompute).absolute()}")
+        return recompute(args.recompute)
     out = Path(args.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     (out / "variants.toml").write_text(VARIANTS)
