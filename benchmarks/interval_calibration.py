@@ -47,7 +47,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replaybench.analysis import Units, figures, host_normalised_speedup  # noqa: E402
+from replaybench.analysis import Units, figures  # noqa: E402
 from replaybench.health import host_facts  # noqa: E402
 from replaybench.history import Point, across_nights  # noqa: E402
 from replaybench.params import RunParameters  # noqa: E402
@@ -213,9 +213,9 @@ def row_units(row: dict) -> list[Units]:
 
 
 def normalised_speedup(row: dict) -> list[float] | None:
-    """The engine's host-normalised speedup (``analysis.host_normalised_speedup``) from one
-    measurement's raw units: [value, low, high]."""
-    e = host_normalised_speedup(row_units(row), "graph") if row.get("units") else None
+    """The engine's host-normalised speedup (``analysis.figures``) from one measurement's raw units:
+    [value, low, high]."""
+    e = figures(row_units(row), ["eager", "graph"]).normalised_speedup.get("graph") if row.get("units") else None
     return [e.value, e.ci_low, e.ci_high] if e is not None else None
 
 

@@ -28,9 +28,9 @@ MIN_KEPT = 3  # a process with fewer undisturbed units is left out of a figure
 GPU_PACED = frozenset({"graph"})
 UNMOVED = 0.02
 # The host-normalised speedup is eager over the reference blocks around it, per mode time, times
-# this fixed reference time: the speedup on a host whose reference block takes 0.4 ms (the middle
-# of the 0.26-0.58 ms the H100 and H200 VMs measured). Fixed, so that runs compare; the scale
-# changes no ratio between runs and no relative width.
+# this fixed reference time: the speedup on a host whose reference block takes 0.4 ms (about the
+# middle of the 0.24-0.60 ms the H100 and H200 VMs measured). Fixed, so that runs compare; the
+# scale changes no ratio between runs and no relative width.
 STANDARD_REFERENCE_S = 0.4e-3
 
 
@@ -134,7 +134,8 @@ def figures(units: list[Units], modes: list[str], base: float | None = None, gpu
     # Over every unit: dividing by the reference already takes the host's speed out, disturbed or
     # not, and on the H200 runs it was steadier from run to run so than over the undisturbed units.
     f.normalised = typical([u.host_normalised("eager") for u in units if len(u)]) if "eager" in modes else None
-    f.normalised_speedup = {m: e for m in f.speedup if (e := host_normalised_speedup(units, m)) is not None}
+    # Only where the mode's blocks are paced by the GPU: a mode the core paces moves with the host too.
+    f.normalised_speedup = {m: e for m in f.speedup if m in paced and (e := host_normalised_speedup(units, m)) is not None}
     return f
 
 

@@ -92,6 +92,18 @@ def test_the_host_normalised_speedup_is_the_typical_process_median_of_eager_over
     assert host_normalised_speedup([Units()], "graph") is None
 
 
+def test_a_mode_the_core_paces_gets_no_host_normalised_speedup():
+    # compile blocks, and graph blocks that a slow core slowed, move with the host as eager does:
+    # over the reference, their speedup would still carry the host's speed.
+    procs = [units([40e-6, 40e-6, 40e-6, 60e-6], [5e-6, 5e-6, 5e-6, 7e-6], [REF, REF, REF, 2 * REF]) for _ in range(3)]
+    for u in procs:
+        u.blocks["compile"] = list(np.asarray(u.blocks["eager"]) / 2)
+    f = figures(procs, ["eager", "graph", "compile"])
+    assert set(f.speedup) == {"graph", "compile"} and f.normalised_speedup == {}
+    steady = [units(list(u.blocks["eager"]), [5e-6] * 4, u.ref_before) for u in procs]
+    assert set(figures(steady, ["eager", "graph"]).normalised_speedup) == {"graph"}
+
+
 def test_units_timed_while_the_core_ran_slow_are_set_aside():
     rng = np.random.default_rng(0)
     n = 30

@@ -296,9 +296,12 @@ def test_measured_passes_saw_host_states_that_move_eager_but_not_eager_over_the_
     assert statistics.median(widths) > 0.08
     # The same passes' speedup with the host's speed taken out (eager over the reference, per graph
     # time) is far narrower, and each run's interval holds the other run's figure.
-    normalised = [[row["metrics"]["normalised_speedup"] for row in run] for run in recombined]
-    assert statistics.median((hi - lo) / 2 / v for run in normalised for v, lo, hi in run) < 0.5 * statistics.median(widths)
-    for (v1, lo1, hi1), (v2, lo2, hi2) in zip(*normalised):
+    # A pass whose graph replay a slow core slowed makes no such figure, nor does its config's run.
+    normalised = [[row["metrics"].get("normalised_speedup") for row in run] for run in recombined]
+    both = [(a, b) for a, b in zip(*normalised) if a and b]
+    assert len(both) >= 5
+    assert statistics.median((hi - lo) / 2 / v for pair in both for v, lo, hi in pair) < 0.5 * statistics.median(widths)
+    for (v1, lo1, hi1), (v2, lo2, hi2) in both:
         assert lo1 <= v2 <= hi1 and lo2 <= v1 <= hi2
     for i in range(len(runs[0])):
         passes = [p for run in runs for p in run[i]["passes"]]
@@ -307,9 +310,9 @@ def test_measured_passes_saw_host_states_that_move_eager_but_not_eager_over_the_
         assert over_reference.std(ddof=1) < 0.5 * eager.std(ddof=1), passes[0]["workload"]
 
 
-@pytest.mark.parametrize("name, runs, held", [("h100-calibration.json", 5, 26), ("h200-calibration-2.json", 3, 15),
-                                              ("h100-calibration-passes.json", 8, 43)])
-def test_a_single_runs_speedup_with_the_host_speed_taken_out_holds_across_runs_where_the_speedup_does_not(name, runs, held):
+@pytest.mark.parametrize("name, runs, held, made", [("h100-calibration.json", 5, 26, 30), ("h200-calibration-2.json", 3, 15, 18),
+                                                    ("h100-calibration-passes.json", 8, 44, 47)])
+def test_a_single_runs_speedup_with_the_host_speed_taken_out_holds_across_runs_where_the_speedup_does_not(name, runs, held, made):
     """The repeated runs of an H100 VM and an H200 VM, one pass each, and the 1.5-s passes of another
     H100 VM each read as a run: over its processes, the engine's host-normalised speedup held the
     median of the runs in >= 80% of runs at a median half-width <= 9% (none above 20%), where the
@@ -322,14 +325,14 @@ def test_a_single_runs_speedup_with_the_host_speed_taken_out_holds_across_runs_w
     def holding(metric):
         hits, widths = [], []
         for i in range(len(saved[0])):
-            values = [run[i]["metrics"][metric] for run in saved]
+            values = [run[i]["metrics"][metric] for run in saved if metric in run[i]["metrics"]]
             center = statistics.median(v for v, _, _ in values)
             hits += [lo <= center <= hi for _, lo, hi in values]
             widths += [(hi - lo) / 2 / v for v, lo, hi in values]
         return sum(hits), np.mean(hits), statistics.median(widths), max(widths)
 
     count, share, median_width, widest = holding("normalised_speedup")
-    assert count == held and share >= 0.8 and median_width <= 0.09 and widest <= 0.20
+    assert count == held and round(held / share) == made and share >= 0.8 and median_width <= 0.09 and widest <= 0.20
     assert holding("speedup")[1] < 0.65
 
 
