@@ -21,7 +21,7 @@ from .history import MIN_HISTORY
 from .params import MIN_EFFECT
 from .results import MODE_LABELS, MODES
 from .storage import Result, Run, Store
-from .verdicts import NORMALISED_SPEEDUP, report_regressions, run_verdicts, speedups_across_nights
+from .verdicts import report_regressions, run_verdicts, speedups_across_nights
 
 TEMPLATES_VARIABLE = "REPLAYBENCH_TEMPLATES"
 REPORTS_VARIABLE = "REPLAYBENCH_REPORTS_DIR"
@@ -147,8 +147,7 @@ def context(run: Run, store: Store | None = None, baseline: int | None = None) -
     return {
         "open_regressions": report_regressions(store, run) if store is not None else [],
         "verdicts": verdicts,
-        "across_nights": speedups_across_nights(store, run) if store is not None else {},
-        "normalised_across_nights": speedups_across_nights(store, run, NORMALISED_SPEEDUP) if store is not None else {},
+        "across_nights": speedups_across_nights(store, run) if store is not None else {"speedup": {}, "normalised_speedup": {}},
         "min_history": MIN_HISTORY,
         "verdict_counts": counts,
         "baseline": baseline,

@@ -195,25 +195,27 @@ def judge_figures(store: Store, run: Run, baseline: int | None = None, history: 
     return out
 
 
-def speedups_across_nights(store: Store, run: Run, metric: Metric = SPEEDUP) -> dict[int, tuple[float, float, int]]:
-    """Result id -> (low, high, nights) for each speedup (``metric``: SPEEDUP or NORMALISED_SPEEDUP)
-    of ``run`` with enough nightly history: the interval of ``history.across_nights`` from the
-    nights before the run, around the run's figure (with same-night confirmations, their geometric
-    mean), given on the first measurement's row."""
+def speedups_across_nights(store: Store, run: Run) -> dict[str, dict[int, tuple[float, float, int]]]:
+    """For the speedup and the host-normalised speedup (keyed by their columns): result id -> (low,
+    high, nights) for each of ``run``'s figures with enough nightly history: the interval of
+    ``history.across_nights`` from the nights before the run, around the run's figure (with
+    same-night confirmations, their geometric mean), given on the first measurement's row. Nights
+    that did not store a figure (the host-normalised speedup before it was stored) do not count."""
     rows_by_key: dict[tuple, list[Result]] = defaultdict(list)
     for r in _measured(run):
-        if getattr(r, metric.column) is not None:
+        if r.speedup is not None or r.normalised_speedup is not None:
             rows_by_key[_key(r)].append(r)
+    out: dict[str, dict[int, tuple[float, float, int]]] = {m.column: {} for m in (SPEEDUP, NORMALISED_SPEEDUP)}
     if not rows_by_key:
-        return {}
+        return out
     history = _history(store, run, set(rows_by_key))
-    out = {}
     for key, rows in rows_by_key.items():
-        nights = _points(history[key], metric)
-        tonight = _point(run, rows, metric)
-        found = across_nights(nights, tonight) if tonight is not None else None
-        if found is not None:
-            out.update({r.id: (*found, len(nights)) for r in rows if not r.repeat})
+        for metric in (SPEEDUP, NORMALISED_SPEEDUP):
+            nights = _points(history[key], metric)
+            tonight = _point(run, rows, metric)
+            found = across_nights(nights, tonight) if tonight is not None else None
+            if found is not None:
+                out[metric.column].update({r.id: (*found, len(nights)) for r in rows if not r.repeat})
     return out
 
 

@@ -28,7 +28,8 @@ def store(tmp_path):
 
 
 def add_night(store, night, eager=0.12, graph=6e-6, gpu=5.9e-6, *, trigger="nightly", status="completed",
-              torch="2.11.0", gpu_name="NVIDIA H200", settings=SETTINGS, repeats=1, workload="seed_mlp", noise=0.0, rng=None):
+              torch="2.11.0", gpu_name="NVIDIA H200", settings=SETTINGS, repeats=1, workload="seed_mlp", noise=0.0, rng=None,
+              normalised=True):
     """One run with an eager and a graph row (per repeat): eager over the host reference, graph
     throughput and GPU time with 1% intervals, the speedup derived, and the speedup with the host's
     speed taken out near 8.0, moving a quarter as much as eager (its own draws: the others' stay as
@@ -56,8 +57,8 @@ def add_night(store, night, eager=0.12, graph=6e-6, gpu=5.9e-6, *, trigger="nigh
             rows.append({**common, "mode": "graph", "throughput_s": g, "throughput_ci_low": g * 0.99, "throughput_ci_high": g * 1.01,
                          "gpu_s": gpu, "gpu_ci_low": gpu * 0.99, "gpu_ci_high": gpu * 1.01,
                          "speedup": e * 3e-4 / g, "speedup_ci_low": e * 3e-4 / g * 0.95, "speedup_ci_high": e * 3e-4 / g * 1.05,
-                         "normalised_speedup": (n := 8.0 * math.exp(steadier.normal(0, noise / 4))),
-                         "normalised_speedup_ci_low": n * 0.97, "normalised_speedup_ci_high": n * 1.03})
+                         **({"normalised_speedup": (n := 8.0 * math.exp(steadier.normal(0, noise / 4))),
+                             "normalised_speedup_ci_low": n * 0.97, "normalised_speedup_ci_high": n * 1.03} if normalised else {})})
         c.execute(insert(Result.__table__), rows)
     return run_id
 
@@ -246,3 +247,21 @@ def test_the_report_gives_each_speedup_its_interval_across_nights_once_the_histo
     adhoc = add_night(store, 13, noise=0.08, rng=rng, trigger="cli", repeats=2)
     _, text = write_report(store, adhoc, tmp_path / "adhoc")
     assert text.count("; nights [") == 2  # once for the speedup, once for the host-normalised one
+
+
+def test_nights_that_stored_no_host_normalised_speedup_do_not_count_toward_its_interval_across_nights(store, tmp_path):
+    # Twelve nights from before the figure was stored, then nights that store it: the speedup has its
+    # nights at once; the host-normalised speedup only once MIN_HISTORY nights stored it.
+    from replaybench.history import MIN_HISTORY
+    from replaybench.verdicts import speedups_across_nights
+
+    rng = np.random.default_rng(5)
+    for night in range(12):
+        add_night(store, night, noise=0.08, rng=rng, normalised=False)
+    counts = []
+    for night in range(12, 12 + MIN_HISTORY + 1):
+        run = store.run(add_night(store, night, noise=0.08, rng=rng))
+        found = speedups_across_nights(store, run)
+        assert len(found["speedup"]) == 1
+        counts.append([n for _, _, n in found["normalised_speedup"].values()])
+    assert counts == [[]] * MIN_HISTORY + [[MIN_HISTORY]]
