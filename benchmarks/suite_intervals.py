@@ -4,8 +4,9 @@
 
 For each config of the run (the newest, or ``--run N``) with a graph result: the relative
 half-width of the speedup's interval, of graph time per call's, of graph GPU time's and of the
-speedup with the host's speed taken out (``normalised``: as stored, or from the stored units for rows
-stored before the engine stored it), and how many measuring processes each rests on; then, over the configs, the median and largest half-width of each
+speedup with the host's speed taken out (``normalised``: as stored; from the stored units for rows
+stored before the engine stored it, and with ``--recompute``), and how many measuring processes each
+rests on; then, over the configs, the median and largest half-width of each
 and how many are within the target (speedup: median <= 8%, none above 20%; graph time per call and
 GPU time: <= 2%). ``--recompute`` computes the speedup and time per call again from the run's stored
 units with this checkout's statistics (``replaybench.analysis.figures``); GPU time is as stored.
@@ -25,7 +26,7 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from replaybench.analysis import figures, host_normalised_speedup, stored_units  # noqa: E402
+from replaybench.analysis import figures, stored_units  # noqa: E402
 from replaybench.storage import Store  # noqa: E402
 
 TARGETS = {"speedup": (0.08, 0.20), "graph": (None, 0.02), "graph GPU": (None, 0.02), "normalised": (0.08, 0.20)}
@@ -50,10 +51,12 @@ def config_widths(modes: dict, recompute: bool) -> dict[str, tuple[float | None,
     if graph.normalised_speedup is not None and not recompute:
         out["normalised"] = (halfwidth(graph.normalised_speedup, graph.normalised_speedup_ci_low, graph.normalised_speedup_ci_high),
                              graph.processes[1])
-    else:  # a row stored before the engine stored it: from its stored units
-        units = [u for u in stored_units(modes) if len(u)]
-        estimate = host_normalised_speedup(units, "graph")
-        out["normalised"] = (estimate.rel_halfwidth if estimate else None, len(units))
+    elif isinstance(modes["eager"].samples.get("host_reference"), dict):  # from the stored units, as the engine computes it now
+        units = stored_units(modes)
+        estimate = figures(units, list(modes)).normalised_speedup.get("graph")
+        out["normalised"] = (estimate.rel_halfwidth if estimate else None, sum(1 for u in units if len(u)))
+    else:  # stored before the units were (schema 0004): n/a
+        out["normalised"] = (None, 0)
     return out
 
 
