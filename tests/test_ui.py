@@ -59,14 +59,15 @@ def form_property(page, label: str):
 def submit_the_form(page, deployment: str, tries: int = 3):
     """Submit, and submit again as a user would while the server answers 503: Prefect's SQLite server
     says so when a write meets another (SQLITE_BUSY), and its own client retries on it; the UI does not."""
-    for _ in range(tries):
+    for attempt in range(tries):
+        if attempt:
+            page.wait_for_timeout(2_000)
         with page.expect_response(
             lambda r: r.request.method == "POST" and r.url.endswith(f"/deployments/{deployment}/create_flow_run")
         ) as created:
             page.get_by_role("button", name="Submit", exact=True).click()
         if created.value.status != 503:
             break
-        page.wait_for_timeout(2_000)
     return created.value
 
 
