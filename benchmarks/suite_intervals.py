@@ -2,14 +2,14 @@
 
     python benchmarks/suite_intervals.py replaybench.db [--run N] [--recompute]
 
-For each config of the run (the newest, or ``--run N``) with a graph result: the relative
-half-width of the speedup's interval, of graph time per call's, of graph GPU time's and of the
-speedup with the host's speed taken out (``normalised``: as stored; from the stored units for rows
-stored before the engine stored it, and with ``--recompute``), and how many measuring processes each
-rests on; then, over the configs, the median and largest half-width of each
-and how many are within the target (speedup: median <= 8%, none above 20%; graph time per call and
-GPU time: <= 2%). ``--recompute`` computes the speedup and time per call again from the run's stored
-units with this checkout's statistics (``replaybench.analysis.figures``); GPU time is as stored.
+For each config of the run (the newest, or ``--run N``) with a graph result: the relative half-width
+of the speedup's interval, of graph time per call's, of graph GPU time's and of the speedup with the
+host's speed taken out (``normalised``; opening the copy computes it from the stored units for rows
+stored before the engine stored it), and how many measuring processes each rests on; then, over the
+configs, the median and largest half-width of each and how many are within the target (speedup:
+median <= 8%, none above 20%; graph time per call and GPU time: <= 2%). ``--recompute`` computes the
+speedup, time per call and the host-normalised speedup again from the run's stored units with this
+checkout's statistics (``replaybench.analysis.figures``); GPU time is as stored.
 The database is read from a copy: opening a store upgrades its schema in place. A benchmark, not a
 test: it prints figures and targets and never asserts.
 """
@@ -42,21 +42,17 @@ def config_widths(modes: dict, recompute: bool) -> dict[str, tuple[float | None,
     graph = modes["graph"]
     out = {"graph GPU": (halfwidth(graph.gpu_s, graph.gpu_ci_low, graph.gpu_ci_high), graph.processes[1])}
     if recompute:
-        f = figures(stored_units(modes), list(modes))
+        units = stored_units(modes)
+        f = figures(units, list(modes))
         out["speedup"] = (f.speedup["graph"].rel_halfwidth, len(f.used))
         out["graph"] = (f.throughput["graph"].rel_halfwidth, len(f.counted("graph")[1]))
+        normalised = f.normalised_speedup.get("graph")
+        out["normalised"] = (normalised.rel_halfwidth if normalised else None, sum(1 for u in units if len(u)))
     else:
         out["speedup"] = (halfwidth(graph.speedup, graph.speedup_ci_low, graph.speedup_ci_high), modes["eager"].processes[0])
         out["graph"] = (halfwidth(graph.throughput_s, graph.throughput_ci_low, graph.throughput_ci_high), graph.processes[0])
-    if graph.normalised_speedup is not None and not recompute:
         out["normalised"] = (halfwidth(graph.normalised_speedup, graph.normalised_speedup_ci_low, graph.normalised_speedup_ci_high),
                              graph.processes[1])
-    elif isinstance(modes["eager"].samples.get("host_reference"), dict):  # from the stored units, as the engine computes it now
-        units = stored_units(modes)
-        estimate = figures(units, list(modes)).normalised_speedup.get("graph")
-        out["normalised"] = (estimate.rel_halfwidth if estimate else None, sum(1 for u in units if len(u)))
-    else:  # stored before the units were (schema 0004): n/a
-        out["normalised"] = (None, 0)
     return out
 
 

@@ -361,3 +361,41 @@ def test_a_plan_the_database_refuses_is_kept_as_json_and_noted(open_store, tmp_p
     assert body["kind"] == "plan" and body["plan"]["sizes"] == data["sizes"]
     assert store.plan(run_id) is None
     assert store.finish_run(run_id) == "completed_with_failures" and store.run(run_id).error == line
+
+
+def test_graph_rows_stored_before_the_host_normalised_speedup_get_it_on_upgrade(pg_url, open_store, tmp_path):
+    """The H200 default-suite run (benchmarks/data), its rows moved to PostgreSQL at schema 0007:
+    opening the store upgrades it, and each graph row gets the host-normalised speedup from the
+    units it stored, as the engine computes it."""
+    from sqlalchemy import MetaData
+
+    from replaybench.analysis import figures, stored_units
+    from replaybench.migrate import upgrade
+
+    copy = tmp_path / "suite.db"
+    copy.write_bytes((H200_PLAN.parent / "h200-default-suite-run-3.db").read_bytes())
+    source, target = create_engine(f"sqlite:///{copy}"), create_engine(pg_url)
+    upgrade(source, "0007")
+    upgrade(target, "0007")
+    tables = []
+    for engine in (source, target):
+        meta = MetaData()
+        meta.reflect(engine, only=["runs", "results"])
+        tables.append(meta.tables)
+    with source.connect() as src, target.begin() as dst:
+        for name in ("runs", "results"):
+            dst.execute(tables[1][name].insert(), [dict(r._mapping) for r in src.execute(tables[0][name].select())])
+    source.dispose()
+    target.dispose()
+
+    run = open_store().run(1)
+    configs: dict = {}
+    for r in run.results:
+        configs.setdefault((r.workload, r.params_key), {})[r.mode] = r
+    assert len(configs) == 19
+    for modes in configs.values():
+        expected = figures(stored_units(modes), ["eager", "graph"]).normalised_speedup["graph"]
+        graph = modes["graph"]
+        assert (graph.normalised_speedup, graph.normalised_speedup_ci_low, graph.normalised_speedup_ci_high) == \
+            pytest.approx((expected.value, expected.ci_low, expected.ci_high))
+        assert modes["eager"].normalised_speedup is None

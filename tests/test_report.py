@@ -1,5 +1,7 @@
 import re
 
+import pytest
+
 from replaybench.report import md_cell, write_report
 from replaybench.storage import Store
 
@@ -157,7 +159,11 @@ def test_the_host_table_counts_the_processes_each_figure_rests_on(tmp_path):
     counted = {key: modes["eager"].processes for key, modes in rows.items()}
     assert {c for c, _ in counted.values()} >= {3, 6} and all(total == 6 for _, total in counted.values())
     for key, modes in rows.items():  # as many as the figures, recomputed from the stored units, rest on
-        assert counted[key][0] == len(figures(stored_units(modes), list(modes)).used)
+        recomputed = figures(stored_units(modes), list(modes))
+        assert counted[key][0] == len(recomputed.used)
+        # stored before the host-normalised speedup was: opening the store made it from the same units
+        assert modes["graph"].normalised_speedup == pytest.approx(recomputed.normalised_speedup["graph"].value)
+        assert f"{modes['graph'].normalised_speedup:.2f}x [" in text
     assert "| batch_size=1, depth=2, dtype=float32 | 32 of 228 (86% set aside) | 3 of 6 |" in text
 
 
