@@ -21,7 +21,7 @@ from .history import MIN_HISTORY
 from .params import MIN_EFFECT
 from .results import MODE_LABELS, MODES
 from .storage import Result, Run, Store
-from .verdicts import report_regressions, run_verdicts, speedups_across_nights
+from .verdicts import ACROSS_NIGHTS, report_regressions, run_verdicts, speedups_across_nights
 
 TEMPLATES_VARIABLE = "REPLAYBENCH_TEMPLATES"
 REPORTS_VARIABLE = "REPLAYBENCH_REPORTS_DIR"
@@ -147,7 +147,7 @@ def context(run: Run, store: Store | None = None, baseline: int | None = None) -
     return {
         "open_regressions": report_regressions(store, run) if store is not None else [],
         "verdicts": verdicts,
-        "across_nights": speedups_across_nights(store, run) if store is not None else {"speedup": {}, "normalised_speedup": {}},
+        "across_nights": speedups_across_nights(store, run) if store is not None else {m.column: {} for m in ACROSS_NIGHTS},
         "min_history": MIN_HISTORY,
         "verdict_counts": counts,
         "baseline": baseline,

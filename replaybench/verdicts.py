@@ -54,6 +54,7 @@ GPU_TIME = Metric("GPU time", "gpu_s", "gpu_ci_low", "gpu_ci_high")
 SPEEDUP = Metric("speedup", "speedup", "speedup_ci_low", "speedup_ci_high")  # derived: shown, never judged
 NORMALISED_SPEEDUP = Metric("speedup, host's speed taken out", "normalised_speedup", "normalised_speedup_ci_low",
                             "normalised_speedup_ci_high")  # derived too: shown, with its interval across nights
+ACROSS_NIGHTS = (SPEEDUP, NORMALISED_SPEEDUP)  # the figures the report gives an interval across nights
 
 
 def metrics(r) -> list[Metric]:
@@ -205,12 +206,12 @@ def speedups_across_nights(store: Store, run: Run) -> dict[str, dict[int, tuple[
     for r in _measured(run):
         if r.speedup is not None or r.normalised_speedup is not None:
             rows_by_key[_key(r)].append(r)
-    out: dict[str, dict[int, tuple[float, float, int]]] = {m.column: {} for m in (SPEEDUP, NORMALISED_SPEEDUP)}
+    out: dict[str, dict[int, tuple[float, float, int]]] = {m.column: {} for m in ACROSS_NIGHTS}
     if not rows_by_key:
         return out
     history = _history(store, run, set(rows_by_key))
     for key, rows in rows_by_key.items():
-        for metric in (SPEEDUP, NORMALISED_SPEEDUP):
+        for metric in ACROSS_NIGHTS:
             nights = _points(history[key], metric)
             tonight = _point(run, rows, metric)
             found = across_nights(nights, tonight) if tonight is not None else None
