@@ -14,6 +14,10 @@ Three plots of the CUDA graph replay speedup over eager (``mode == 'graph'`` row
   replay time and GPU time): FASTER nights marked by green up-triangles, SLOWER nights by red
   down-triangles, changes of GPU driver, CUDA or torch by grey dotted vertical lines. The
   ``TREND_LIMIT`` configs with the longest history are drawn.
+* ``<run id>-normalised-trend.png``: the same configs' speedup with the host's speed taken out
+  (``normalised_speedup``), drawn and marked as the trend, where any of their nights stored it: the
+  speedup moves with the host's speed from night to night (eager does, graph replay does not), and
+  this figure does not, so a step on it is the code's.
 
 A plot with nothing to draw is not written. The data behind each plot comes from a small pure
 helper (:func:`batch_series`, :func:`kernel_series`, :func:`trend_series`), so that it can be
@@ -59,6 +63,7 @@ DPI = 100
 TREND_LIMIT = 12  # configs drawn on the trend plot: those with the most history
 MARKERS = "os^DvPX*<>hp"
 SPEEDUP_LABEL = "speedup: eager time / graph time (×)"
+NORMALISED_LABEL = "speedup, host's speed taken out (×)"
 EAGER_LABEL = "eager time per call (us)"
 
 
@@ -86,6 +91,9 @@ class TrendPoint(NamedTuple):
     ci_high: float | None = None
     reason: str = ""
     env_changed: bool = False  # driver, CUDA or torch differ from the config's previous night
+    normalised: float | None = None  # the graph row's host-normalised speedup, where it stored one
+    normalised_low: float | None = None
+    normalised_high: float | None = None
 
 
 # -- data ----------------------------------------------------------------------------------------
@@ -173,8 +181,8 @@ def kernel_series(run: Run) -> dict[str, list[KernelPoint]]:
 
 
 def trend_series(store: Store, run: Run, limit: int | None = TREND_LIMIT, mode: str = "graph") -> dict[str, list[TrendPoint]]:
-    """Label -> each night's graph speedup of one config measured ok in ``run`` (its eager time per
-    call, for ``mode='eager'``), over the store's runs with id <= ``run.id`` (ordered by run id),
+    """Label -> each night's graph speedup (and host-normalised speedup) of one config measured ok in
+    ``run`` (its eager time per call, for ``mode='eager'``), over the store's runs with id <= ``run.id`` (ordered by run id),
     with the verdict stored for that night's row. Only the ``limit`` configs with the most nights
     (ties: spread over the workloads), in order of workload and parameters key."""
     return _trend(store, run, limit, mode)[0]
@@ -214,14 +222,15 @@ def _trend(store: Store, run: Run, limit: int | None, mode: str = "graph") -> tu
         history: dict[tuple[str, str], dict[int, tuple]] = {}
         for workload, key in chosen:  # each a short range of the index ix_results_history
             rows = s.execute(
-                select(Result.run_id, value, low, high, Run.started_at,
+                select(Result.run_id, value, low, high, Result.normalised_speedup, Result.normalised_speedup_ci_low,
+                       Result.normalised_speedup_ci_high, Run.started_at,
                        Result.verdict, Result.verdict_reason, Run.gpu_driver, Run.cuda_version, Run.torch_version)
                 .join(Run, Result.run_id == Run.id)
                 .where(*graph_ok, Result.workload == workload, Result.params_key == key)
                 .order_by(Result.run_id, Result.id)
             ).all()
-            history[(workload, key)] = {run_id: (v, lo, hi, started_at, verdict, reason, tuple(env))
-                                        for run_id, v, lo, hi, started_at, verdict, reason, *env in rows}
+            history[(workload, key)] = {run_id: (v, lo, hi, (n, n_lo, n_hi), started_at, verdict, reason, tuple(env))
+                                        for run_id, v, lo, hi, n, n_lo, n_hi, started_at, verdict, reason, *env in rows}
     # Labelled among all the run's configs, so that a label means the same on every plot.
     every = sorted(configs)
     labels = dict(zip(every, _config_labels([(w, configs[(w, k)]) for w, k in every])))
@@ -232,8 +241,8 @@ def _trend(store: Store, run: Run, limit: int | None, mode: str = "graph") -> tu
         envs = [env for _, (*_, env) in ordered]
         series[label] = [
             TrendPoint(run_id, v, Verdict(verdict) if verdict else None, started_at, lo, hi, reason or "",
-                       i > 0 and envs[i] != envs[i - 1])
-            for i, (run_id, (v, lo, hi, started_at, verdict, reason, _)) in enumerate(ordered)
+                       i > 0 and envs[i] != envs[i - 1], *(x if _usable(x) else None for x in normalised))
+            for i, (run_id, (v, lo, hi, normalised, started_at, verdict, reason, _)) in enumerate(ordered)
         ]
     return series, len(nights)
 
@@ -339,8 +348,26 @@ def _plot_kernels(run: Run, series: dict[str, list[KernelPoint]], path: Path) ->
     _save(fig, path)
 
 
-def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limited: bool, eager: bool = False) -> None:
-    """The speedup trend, or (``eager``) eager time per call in microseconds, where lower is better."""
+def normalised_series(series: dict[str, list[TrendPoint]]) -> dict[str, list[TrendPoint]]:
+    """The trend's nights that stored a host-normalised speedup, with it as their value; configs
+    with none left out."""
+    out = {label: [p._replace(value=p.normalised, ci_low=p.normalised_low, ci_high=p.normalised_high)
+                   for p in ps if p.normalised is not None] for label, ps in series.items()}
+    return {label: ps for label, ps in out.items() if ps}
+
+
+# What each trend plot shows: its y label and its title.
+TRENDS = {
+    "speedup": (SPEEDUP_LABEL, "nightly CUDA graph replay speedup"),
+    "normalised": (NORMALISED_LABEL, "nightly speedup, host's speed taken out"),
+    "eager": (EAGER_LABEL, "eager time per call (no CUDA graph measured)"),
+}
+
+
+def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limited: bool, kind: str = "speedup") -> None:
+    """A trend of ``kind`` (TRENDS): the speedup, the host-normalised speedup, or eager time per
+    call in microseconds, where lower is better."""
+    eager = kind == "eager"
     if eager:
         series = {label: [p._replace(value=p.value * 1e6) for p in ps] for label, ps in series.items()}
     fig, ax = _figure()
@@ -367,7 +394,7 @@ def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limit
     low, high = ax.get_ylim()
     if not eager and low <= 1.0 <= high:  # the line of no gain, where it falls within the data's range
         ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle="--", zorder=0)
-    label = EAGER_LABEL if eager else SPEEDUP_LABEL
+    label, what = TRENDS[kind]
     if max(values) / min(values) > 3:  # figures far apart: relative steps look alike on a log axis
         ax.set_yscale("log")
         _log_ticks(ax.yaxis, values)
@@ -377,12 +404,12 @@ def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limit
     if undated:
         ax.set_xlabel("run id")
     else:
-        locator = mdates.AutoDateLocator(maxticks=8)
+        # minticks 3, not 5: over four or five nights the default finds no interval and warns.
+        locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
         ax.xaxis.set_major_locator(locator)
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
         ax.set_xlabel("run start date (UTC)")
     ax.set_ylabel(ylabel)
-    what = "eager time per call (no CUDA graph measured)" if eager else "nightly CUDA graph replay speedup"
     if limited:
         what += f" ({len(series)} configs with the longest history)"
     fig.suptitle(_title(run, what), fontsize=11)
@@ -406,9 +433,9 @@ def _plot_trend(run: Run, series: dict[str, list[TrendPoint]], path: Path, limit
 def write_plots(store: Store, run: Run, directory: Path) -> dict[str, str]:
     """Write PNG plots for run `run` beside its report, return {kind: file name relative to directory}.
 
-    Kinds: ``speedup_vs_batch``, ``speedup_vs_kernels``, ``trend``, and ``eager_trend`` where no
-    speedup was measured (a host without CUDA); a plot with nothing to draw is not written and not
-    returned."""
+    Kinds: ``speedup_vs_batch``, ``speedup_vs_kernels``, ``trend``, ``normalised_trend``, and
+    ``eager_trend`` where no speedup was measured (a host without CUDA); a plot with nothing to draw
+    is not written and not returned."""
     directory = Path(directory)
     written: dict[str, str] = {}
     batches = batch_series(run)
@@ -424,7 +451,9 @@ def write_plots(store: Store, run: Run, directory: Path) -> dict[str, str]:
         ("speedup_vs_batch", batches, _plot_batch, "speedup-vs-batch"),
         ("speedup_vs_kernels", kernels, _plot_kernels, "speedup-vs-kernels"),
         ("trend", trend, lambda r, d, p: _plot_trend(r, d, p, limited), "trend"),
-        ("eager_trend", eager, lambda r, d, p: _plot_trend(r, d, p, eager_configs > len(eager), eager=True), "eager-trend"),
+        ("normalised_trend", normalised_series(trend), lambda r, d, p: _plot_trend(r, d, p, limited, "normalised"),
+         "normalised-trend"),
+        ("eager_trend", eager, lambda r, d, p: _plot_trend(r, d, p, eager_configs > len(eager), "eager"), "eager-trend"),
     ):
         if data:
             name = f"{run.id}-{suffix}.png"

@@ -7,7 +7,7 @@ from matplotlib.image import imread
 from sqlalchemy import event, insert, update
 
 from replaybench.history import Verdict
-from replaybench.plots import TREND_LIMIT, batch_series, kernel_series, trend_series, write_plots
+from replaybench.plots import TREND_LIMIT, batch_series, kernel_series, normalised_series, trend_series, write_plots
 from replaybench.storage import Result, Run, Store
 from replaybench.verdicts import store_verdicts
 from replaybench.workload import params_json
@@ -147,6 +147,38 @@ def test_trend_series_environment_change(db_url):
     assert not {Verdict.SLOWER, Verdict.FASTER} & {p.verdict for p in points}  # a torch upgrade is no step
 
 
+def with_normalised(result, value):
+    """``result`` with its graph row's host-normalised speedup ``value`` +/- 3% (None: not stored,
+    as rows stored before the figure existed)."""
+    graph = result.mode("graph")
+    graph.normalised_speedup = value
+    graph.normalised_speedup_ci_low = value and value * 0.97
+    graph.normalised_speedup_ci_high = value and value * 1.03
+    return result
+
+
+def test_the_normalised_trend_follows_the_host_normalised_speedup_of_the_nights_that_stored_it(db_url, tmp_path):
+    """The speedup moves with the host's speed from night to night; the normalised trend draws the
+    figure that does not, from the same nights, leaving out those stored without it."""
+    store = Store(db_url)
+    speedups, normalised = [6.0, 4.4, 6.1, 4.5, 6.0], [None, 7.4, 7.5, 7.6, 7.5]
+    ids = [add_run(store, [with_normalised(config("mlp", 1, sp), n), with_normalised(config("conv", 1, 2.0), None)], night=i)
+           for i, (sp, n) in enumerate(zip(speedups, normalised))]
+    trend = trend_series(store, store.run(ids[-1]))
+    assert [p.value for p in trend["mlp"]] == pytest.approx(speedups)
+    steady = normalised_series(trend)
+    assert list(steady) == ["mlp"]  # conv never stored one
+    assert [(p.run_id, p.value) for p in steady["mlp"]] == [(i, pytest.approx(n)) for i, n in zip(ids[1:], normalised[1:])]
+    assert [(p.ci_low, p.ci_high) for p in steady["mlp"]][0] == pytest.approx((7.4 * 0.97, 7.4 * 1.03))
+    written = write_plots(store, store.run(ids[-1]), tmp_path)
+    assert written["normalised_trend"] == f"{ids[-1]}-normalised-trend.png"
+    assert_png(tmp_path / written["normalised_trend"])
+    # A history that never stored it gets no such plot.
+    other = Store(f"sqlite:///{tmp_path / 'other.db'}")
+    last = [add_run(other, [with_normalised(config("mlp", 1, sp), None)], night=i) for i, sp in enumerate(speedups)][-1]
+    assert set(write_plots(other, other.run(last), tmp_path / "other")) == {"speedup_vs_batch", "speedup_vs_kernels", "trend"}
+
+
 def test_trend_series_keeps_the_configs_with_the_most_history(db_url):
     store = Store(db_url)
     # Config b (batch size 2**b) is measured from night b on: the first ones have the longest history.
@@ -183,6 +215,7 @@ def test_write_plots_writes_valid_pngs(db_url, tmp_path):
         "speedup_vs_batch": f"{run_id}-speedup-vs-batch.png",
         "speedup_vs_kernels": f"{run_id}-speedup-vs-kernels.png",
         "trend": f"{run_id}-trend.png",
+        "normalised_trend": f"{run_id}-normalised-trend.png",
     }
     for name in written.values():
         assert_png(out / name)
@@ -273,11 +306,11 @@ def test_a_single_config_run_and_a_config_without_batch_size(db_url, tmp_path):
     store = Store(db_url)
     first = add_run(store, [config("mlp", 4, 3.0, kernels=7.0)])
     written = write_plots(store, store.run(first), tmp_path)
-    assert set(written) == {"speedup_vs_batch", "speedup_vs_kernels", "trend"}  # one point each
+    assert set(written) == {"speedup_vs_batch", "speedup_vs_kernels", "trend", "normalised_trend"}  # one point each
     for name in written.values():
         assert_png(tmp_path / name)
     no_batch = config("scalar_op", kernels=2.0)
     del no_batch.params["batch_size"]
     second = add_run(store, [no_batch], night=1)
     written = write_plots(store, store.run(second), tmp_path / "second")
-    assert set(written) == {"speedup_vs_kernels", "trend"}  # nothing to put on a batch size axis
+    assert set(written) == {"speedup_vs_kernels", "trend", "normalised_trend"}  # nothing to put on a batch size axis
