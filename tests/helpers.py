@@ -2,6 +2,8 @@
 that hold their real data to the product's statistics."""
 
 import importlib.util
+import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -48,3 +50,31 @@ def benchmark(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living descendant of process ``pid`` (Linux /proc), children first."""
+    out, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for children in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                found = [int(c) for c in children.read_text().split()]
+            except OSError:  # the task ended meanwhile
+                continue
+            out += found
+            todo += found
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL process ``pid``, started in a session of its own, its process group, and every
+    descendant that left the group: Prefect starts its temporary server in a session of its own,
+    which a kill of the group alone would leave running after the test."""
+    others = descendants(pid)
+    os.killpg(pid, signal.SIGKILL)
+    for child in others:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

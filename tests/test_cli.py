@@ -9,7 +9,7 @@ import pytest
 
 from replaybench.storage import Store
 
-from .helpers import known_result
+from .helpers import kill_tree, known_result
 
 
 def replaybench(*args, cwd, env=None):
@@ -186,7 +186,6 @@ def test_run_end_to_end_writes_a_report_and_the_database(tmp_path):
 
 @pytest.mark.slow
 def test_a_killed_run_is_marked_crashed_at_the_next_start_with_finished_results_intact(tmp_path):
-    import signal
     import time
 
     proc = subprocess.Popen(
@@ -209,7 +208,7 @@ def test_a_killed_run_is_marked_crashed_at_the_next_start_with_finished_results_
         else:
             pytest.fail("no result was stored within 300 s")
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # the flow, its Prefect server and measuring process
+        kill_tree(proc.pid)  # the flow, its Prefect server and measuring process
         proc.wait()
     out = replaybench("runs", cwd=tmp_path)
     assert out.returncode == 0 and "crashed" in out.stdout
