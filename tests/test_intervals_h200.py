@@ -317,23 +317,42 @@ def test_a_single_runs_speedup_with_the_host_speed_taken_out_holds_across_runs_w
     H100 VM each read as a run: over its processes, the engine's host-normalised speedup held the
     median of the runs in >= 80% of runs at a median half-width <= 9% (none above 20%), where the
     speedup's interval held it in under 65%."""
+    saved = single_pass_runs(name)
+    assert len(saved) == runs
+    count, share, median_width, widest = holding(saved, "normalised_speedup")
+    assert count == held and round(held / share) == made and share >= 0.8 and median_width <= 0.09 and widest <= 0.20
+    assert holding(saved, "speedup")[1] < 0.65
+
+
+def test_on_a_noisier_h100_vm_taking_the_host_speed_out_helps_but_does_not_hold_the_runs_median():
+    """Five repeated runs on another H100 VM (h100-calibration-3.json), whose eager moved by 59-87%
+    from run to run over every unit: the host-normalised speedup held the median of the runs in 20 of
+    29, more than the speedup's 17 of 30, far from the 90% aimed for (README, "Passes")."""
+    saved = single_pass_runs("h100-calibration-3.json")
+    assert len(saved) == 5
+    count, share, median_width, widest = holding(saved, "normalised_speedup")
+    assert (count, round(count / share)) == (20, 29) and share < 0.9 and median_width <= 0.10 and widest <= 0.20
+    speedup = holding(saved, "speedup")
+    assert (speedup[0], round(speedup[0] / speedup[1])) == (17, 30) and speedup[1] < share
+
+
+def single_pass_runs(name):
+    """A kept calibration file's runs, each pass read as a run of its own."""
     calibration = benchmark("interval_calibration")
     saved = [calibration.unpassed(run) for run in json.loads((DATA / name).read_text())["runs"]]
-    saved = [calibration.as_run(run) for run in calibration.passes_as_runs(saved)]
-    assert len(saved) == runs
+    return [calibration.as_run(run) for run in calibration.passes_as_runs(saved)]
 
-    def holding(metric):
-        hits, widths = [], []
-        for i in range(len(saved[0])):
-            values = [run[i]["metrics"][metric] for run in saved if metric in run[i]["metrics"]]
-            center = statistics.median(v for v, _, _ in values)
-            hits += [lo <= center <= hi for _, lo, hi in values]
-            widths += [(hi - lo) / 2 / v for v, lo, hi in values]
-        return sum(hits), np.mean(hits), statistics.median(widths), max(widths)
 
-    count, share, median_width, widest = holding("normalised_speedup")
-    assert count == held and round(held / share) == made and share >= 0.8 and median_width <= 0.09 and widest <= 0.20
-    assert holding("speedup")[1] < 0.65
+def holding(saved, metric):
+    """Over the runs' configs: how many intervals of ``metric`` hold the median of the runs' points
+    of their config, that share, and the median and largest relative half-width."""
+    hits, widths = [], []
+    for i in range(len(saved[0])):
+        values = [run[i]["metrics"][metric] for run in saved if metric in run[i]["metrics"]]
+        center = statistics.median(v for v, _, _ in values)
+        hits += [lo <= center <= hi for _, lo, hi in values]
+        widths += [(hi - lo) / 2 / v for v, lo, hi in values]
+    return sum(hits), np.mean(hits), statistics.median(widths), max(widths)
 
 
 @pytest.mark.parametrize("arguments, message", [
