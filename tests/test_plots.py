@@ -8,6 +8,7 @@ from sqlalchemy import event, insert, update
 
 from replaybench.history import Verdict
 from replaybench.plots import TREND_LIMIT, batch_series, kernel_series, normalised_series, trend_series, write_plots
+from replaybench.report import write_report
 from replaybench.storage import Result, Run, Store
 from replaybench.verdicts import store_verdicts
 from replaybench.workload import params_json
@@ -173,6 +174,10 @@ def test_the_normalised_trend_follows_the_host_normalised_speedup_of_the_nights_
     written = write_plots(store, store.run(ids[-1]), tmp_path)
     assert written["normalised_trend"] == f"{ids[-1]}-normalised-trend.png"
     assert_png(tmp_path / written["normalised_trend"])
+    # The report links every plot written beside it, this one under its own caption.
+    _, text = write_report(store, ids[-1], tmp_path / "reports")
+    assert all(f"]({name})" in text for name in written.values())
+    assert f"![Nightly trend of the speedup with the host's speed taken out, verdict changes marked]({written['normalised_trend']})" in text
     # A history that never stored it gets no such plot.
     other = Store(f"sqlite:///{tmp_path / 'other.db'}")
     last = [add_run(other, [with_normalised(config("mlp", 1, sp), None)], night=i) for i, sp in enumerate(speedups)][-1]
