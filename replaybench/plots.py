@@ -1,6 +1,6 @@
 """PNG plots of a stored run, written beside its report.
 
-Three plots of the CUDA graph replay speedup over eager (``mode == 'graph'`` rows measured ``ok``):
+Plots of the CUDA graph replay speedup over eager (``mode == 'graph'`` rows measured ``ok``):
 
 * ``<run id>-speedup-vs-batch.png``: speedup against batch size (log2 axis), one line per workload
   (per workload and other parameters where several configs of a workload share a batch size),
@@ -17,11 +17,11 @@ Three plots of the CUDA graph replay speedup over eager (``mode == 'graph'`` row
 * ``<run id>-normalised-trend.png``: the same configs' speedup with the host's speed taken out
   (``normalised_speedup``), drawn and marked as the trend, where any of their nights stored it: the
   speedup moves with the host's speed from night to night (eager does, graph replay does not), and
-  this figure does not, so a step on it is the code's.
+  this figure far less (README, "Passes").
 
 A plot with nothing to draw is not written. The data behind each plot comes from a small pure
-helper (:func:`batch_series`, :func:`kernel_series`, :func:`trend_series`), so that it can be
-checked without looking at pixels.
+helper (:func:`batch_series`, :func:`kernel_series`, :func:`trend_series`,
+:func:`normalised_series`), so that it can be checked without looking at pixels.
 
 Figures are built as ``matplotlib.figure.Figure`` objects on the Agg canvas, never through pyplot's
 global figure registry: nothing is left open, and plots can be written from several threads.
@@ -84,7 +84,7 @@ class KernelPoint(NamedTuple):
 
 class TrendPoint(NamedTuple):
     run_id: int
-    value: float  # the graph speedup, or eager seconds per call (an eager trend)
+    value: float  # the graph speedup (the host-normalised one, on its trend), or eager seconds per call (an eager trend)
     verdict: Verdict | None  # as stored for the row; None where none was
     started_at: datetime | None
     ci_low: float | None = None
@@ -181,8 +181,8 @@ def kernel_series(run: Run) -> dict[str, list[KernelPoint]]:
 
 
 def trend_series(store: Store, run: Run, limit: int | None = TREND_LIMIT, mode: str = "graph") -> dict[str, list[TrendPoint]]:
-    """Label -> each night's graph speedup (and host-normalised speedup) of one config measured ok in
-    ``run`` (its eager time per call, for ``mode='eager'``), over the store's runs with id <= ``run.id`` (ordered by run id),
+    """Label -> each night's graph speedup (and host-normalised speedup) of one config measured ok
+    in ``run`` (its eager time per call, for ``mode='eager'``), over the store's runs with id <= ``run.id`` (ordered by run id),
     with the verdict stored for that night's row. Only the ``limit`` configs with the most nights
     (ties: spread over the workloads), in order of workload and parameters key."""
     return _trend(store, run, limit, mode)[0]
@@ -350,10 +350,19 @@ def _plot_kernels(run: Run, series: dict[str, list[KernelPoint]], path: Path) ->
 
 def normalised_series(series: dict[str, list[TrendPoint]]) -> dict[str, list[TrendPoint]]:
     """The trend's nights that stored a host-normalised speedup, with it as their value; configs
-    with none left out."""
-    out = {label: [p._replace(value=p.normalised, ci_low=p.normalised_low, ci_high=p.normalised_high)
-                   for p in ps if p.normalised is not None] for label, ps in series.items()}
-    return {label: ps for label, ps in out.items() if ps}
+    with none left out. An environment change on a night left out is marked on the next one kept."""
+    out = {}
+    for label, ps in series.items():
+        kept, changed = [], False
+        for p in ps:
+            changed |= p.env_changed
+            if p.normalised is not None:
+                kept.append(p._replace(value=p.normalised, ci_low=p.normalised_low, ci_high=p.normalised_high,
+                                       env_changed=changed))
+                changed = False
+        if kept:
+            out[label] = kept
+    return out
 
 
 # What each trend plot shows: its y label and its title.

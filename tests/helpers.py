@@ -53,28 +53,33 @@ def benchmark(name: str):
 
 
 def descendants(pid: int) -> list[int]:
-    """Every living descendant of process ``pid`` (Linux /proc), children first."""
+    """Every living descendant of process ``pid``, from the parent pids in /proc/*/stat (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # the process ended meanwhile
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
     out, todo = [], [pid]
     while todo:
-        parent = todo.pop()
-        for children in Path(f"/proc/{parent}/task").glob("*/children"):
-            try:
-                found = [int(c) for c in children.read_text().split()]
-            except OSError:  # the task ended meanwhile
-                continue
-            out += found
-            todo += found
+        found = children.get(todo.pop(), [])
+        out += found
+        todo += found
     return out
 
 
 def kill_tree(pid: int) -> None:
     """SIGKILL process ``pid``, started in a session of its own, its process group, and every
     descendant that left the group: Prefect starts its temporary server in a session of its own,
-    which a kill of the group alone would leave running after the test."""
-    others = descendants(pid)
-    os.killpg(pid, signal.SIGKILL)
-    for child in others:
+    which a kill of the group alone would leave running after the test. The group is stopped first,
+    so that the tree holds still while it is read."""
+    os.killpg(pid, signal.SIGSTOP)
+    for child in descendants(pid):
         try:
-            os.kill(child, signal.SIGKILL)
+            if os.getpgid(child) != pid:
+                os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    os.killpg(pid, signal.SIGKILL)

@@ -1,5 +1,5 @@
-"""Intervals, the disturbance filter and the stopping rule on real H200 noise (and two H100 runs of
-the default suite): the timed units of repeated runs on H200 VMs kept in benchmarks/data
+"""Intervals, the disturbance filter and the stopping rule on real H200 noise (and H100 runs of the
+default suite and of repeated configs): the timed units of repeated runs on H200 VMs kept in benchmarks/data
 (benchmarks/data/README.md says how they were made). Synthetic noise is in test_stats.py and
 test_analysis.py; these hold the statistics to the widths and the noise the product meets on the
 machine it is for."""

@@ -1,4 +1,5 @@
 import math
+import warnings
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -148,30 +149,40 @@ def test_trend_series_environment_change(db_url):
     assert not {Verdict.SLOWER, Verdict.FASTER} & {p.verdict for p in points}  # a torch upgrade is no step
 
 
-def with_normalised(result, value):
-    """``result`` with its graph row's host-normalised speedup ``value`` +/- 3% (None: not stored,
-    as rows stored before the figure existed)."""
+def with_normalised(result, value, interval=(0.97, 1.03)):
+    """``result`` with its graph row's host-normalised speedup ``value`` within ``interval`` (as
+    factors; None: not stored, as rows stored before the figure existed)."""
     graph = result.mode("graph")
     graph.normalised_speedup = value
-    graph.normalised_speedup_ci_low = value and value * 0.97
-    graph.normalised_speedup_ci_high = value and value * 1.03
+    graph.normalised_speedup_ci_low, graph.normalised_speedup_ci_high = (
+        (value * interval[0], value * interval[1]) if value else (None, None))
     return result
 
 
 def test_the_normalised_trend_follows_the_host_normalised_speedup_of_the_nights_that_stored_it(db_url, tmp_path):
     """The speedup moves with the host's speed from night to night; the normalised trend draws the
-    figure that does not, from the same nights, leaving out those stored without it."""
+    figure that moves far less, from the same nights, leaving out those stored without it and
+    marking an environment change that fell on one of them on the next night kept."""
     store = Store(db_url)
-    speedups, normalised = [6.0, 4.4, 6.1, 4.5, 6.0], [None, 7.4, 7.5, 7.6, 7.5]
-    ids = [add_run(store, [with_normalised(config("mlp", 1, sp), n), with_normalised(config("conv", 1, 2.0), None)], night=i)
-           for i, (sp, n) in enumerate(zip(speedups, normalised))]
+    speedups, normalised = [6.0, 4.4, 6.1, 4.5, 6.0], [None, 7.4, 7.5, None, 7.5]
+    ids = []
+    for night, (sp, n) in enumerate(zip(speedups, normalised)):
+        mlp = with_normalised(config("mlp", 1, sp), n)
+        if night == 3:  # an interval stored without its figure: no point either
+            mlp.mode("graph").normalised_speedup_ci_low, mlp.mode("graph").normalised_speedup_ci_high = 7.0, 8.0
+        env = ENV if night < 3 else {**ENV, "torch": "2.11.0"}  # torch upgraded on night 3
+        ids.append(add_run(store, [mlp, with_normalised(config("conv", 1, 2.0), None)], night=night, env=env))
     trend = trend_series(store, store.run(ids[-1]))
     assert [p.value for p in trend["mlp"]] == pytest.approx(speedups)
+    assert [p.env_changed for p in trend["mlp"]] == [False, False, False, True, False]
     steady = normalised_series(trend)
     assert list(steady) == ["mlp"]  # conv never stored one
-    assert [(p.run_id, p.value) for p in steady["mlp"]] == [(i, pytest.approx(n)) for i, n in zip(ids[1:], normalised[1:])]
+    assert [(p.run_id, p.value) for p in steady["mlp"]] == [(ids[i], pytest.approx(normalised[i])) for i in (1, 2, 4)]
     assert [(p.ci_low, p.ci_high) for p in steady["mlp"]][0] == pytest.approx((7.4 * 0.97, 7.4 * 1.03))
-    written = write_plots(store, store.run(ids[-1]), tmp_path)
+    assert [p.env_changed for p in steady["mlp"]] == [False, False, True]  # night 3's upgrade, on night 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # five nights once made matplotlib warn about its date ticks
+        written = write_plots(store, store.run(ids[-1]), tmp_path)
     assert written["normalised_trend"] == f"{ids[-1]}-normalised-trend.png"
     assert_png(tmp_path / written["normalised_trend"])
     # The report links every plot written beside it, this one under its own caption.
