@@ -29,7 +29,8 @@ global figure registry: nothing is left open, and plots can be written from seve
 Cost: the trend counts each config's nights in one SELECT, then reads only the configs it draws,
 each one range of the index ix_results_history; each plot is drawn once (see
 _save). With a year of nightly runs of 200 results each (benchmarks/report_history.py), the whole
-report of the last run, verdicts and plots included, rendered in 0.84 to 1.07 s on a 2-core box.
+report of the last run, verdicts and plots included, rendered in 0.84 to 1.07 s on a 2-core box
+with three plots, and in 1.9 to 2.2 s with the normalised trend as a fourth (README).
 """
 
 from __future__ import annotations
