@@ -75,11 +75,17 @@ def kill_tree(pid: int) -> None:
     descendant that left the group: Prefect starts its temporary server in a session of its own,
     which a kill of the group alone would leave running after the test. The group is stopped first,
     so that the tree holds still while it is read."""
-    os.killpg(pid, signal.SIGSTOP)
+    try:
+        os.killpg(pid, signal.SIGSTOP)
+    except ProcessLookupError:  # the group is gone; its descendants may not be
+        pass
     for child in descendants(pid):
         try:
             if os.getpgid(child) != pid:
                 os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    os.killpg(pid, signal.SIGKILL)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

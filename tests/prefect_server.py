@@ -11,6 +11,8 @@ from contextlib import contextmanager
 
 import httpx
 
+from .helpers import kill_tree
+
 
 PROCESSES: dict[str, subprocess.Popen] = {}  # each running server's process, by its API URL
 
@@ -81,6 +83,8 @@ def background(args, env, log_path):
     try:
         yield proc
     finally:
-        os.killpg(proc.pid, 9)
+        # A `replaybench worker` or `serve` runs Prefect's in a session of its own, which a kill of
+        # the group alone leaves running, polling a server that is gone.
+        kill_tree(proc.pid)
         proc.wait()
         log.close()
