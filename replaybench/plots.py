@@ -183,8 +183,8 @@ def kernel_series(run: Run) -> dict[str, list[KernelPoint]]:
 
 def trend_series(store: Store, run: Run, limit: int | None = TREND_LIMIT, mode: str = "graph") -> dict[str, list[TrendPoint]]:
     """Label -> each night's graph speedup (and host-normalised speedup) of one config measured ok
-    in ``run`` (its eager time per call, for ``mode='eager'``), over the store's runs with id <= ``run.id`` (ordered by run id),
-    with the verdict stored for that night's row. Only the ``limit`` configs with the most nights
+    in ``run`` (its eager time per call, for ``mode='eager'``), over the store's runs with id <=
+    ``run.id`` (ordered by run id), with the verdict stored for that night's row. Only the ``limit`` configs with the most nights
     (ties: spread over the workloads), in order of workload and parameters key."""
     return _trend(store, run, limit, mode)[0]
 

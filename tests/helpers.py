@@ -52,22 +52,20 @@ def benchmark(name: str):
     return module
 
 
-def descendants(pid: int) -> list[int]:
-    """Every living descendant of process ``pid``, from the parent pids in /proc/*/stat (Linux)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):  # the process ended meanwhile
-            continue
-        children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        found = children.get(todo.pop(), [])
-        out += found
-        todo += found
-    return out
+def children(pid: int) -> set[int]:
+    """Every live descendant of ``pid``, from /proc."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 def kill_tree(pid: int) -> None:
@@ -79,7 +77,7 @@ def kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGSTOP)
     except ProcessLookupError:  # the group is gone; its descendants may not be
         pass
-    for child in descendants(pid):
+    for child in children(pid):
         try:
             if os.getpgid(child) != pid:
                 os.kill(child, signal.SIGKILL)

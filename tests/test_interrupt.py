@@ -17,6 +17,7 @@ import pytest
 from flows.supervise import alive
 from replaybench.storage import Store
 
+from .helpers import children
 from .prefect_server import prefect_server
 
 pytestmark = pytest.mark.slow
@@ -35,22 +36,6 @@ WORKLOAD = Workload(name="steady", description="a small MLP", build=build,
                     grid={"batch_size": [1, 2, 3, 4, 5, 6], "dtype": ["float32"]})
 '''
 CONFIGS = 6
-
-
-def children(pid: int) -> set[int]:
-    """Every live descendant of ``pid``, from /proc."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
 
 
 def stored_results(db: Path) -> int:
