@@ -2,6 +2,7 @@
 own (``SubprocessASGIServer``), but started in a session of its own, so that a Ctrl-C to the terminal
 reaches the run and not the server. The run then ends in order (its flow run marked on a live
 server, its store updated) and stops the server itself, instead of calling a dead one for minutes.
+Should the run be killed outright, the kernel stops the server (SIGTERM) rather than leave it behind.
 And ``ServerWatch``, which tells a run that its server (temporary or not) stopped answering.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -17,10 +19,13 @@ from typing import Callable
 
 import httpx
 
+from flows.supervise import dies_with_parent
+
 
 class _SessionPopen(subprocess.Popen):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("start_new_session", True)
+        kwargs.setdefault("preexec_fn", dies_with_parent(signal.SIGTERM))
         super().__init__(*args, **kwargs)
 
 

@@ -7,11 +7,14 @@ runs, and its flow runs keep the pipes it reads their output from) and writes a 
 flow runs check between configs (``stop_requested``). Each one in
 progress finishes its current config, stores its run as interrupted with every finished result,
 and ends ``Cancelled``; with ``--now``, or at a second signal, they are sent SIGTERM and stop at once,
-the same way. The supervisor exits once they have.
+the same way. The supervisor exits once they have. Killed outright (SIGKILL, the OOM killer), the
+supervisor can do none of that; the kernel then kills the process it supervised (``dies_with_parent``),
+whose flow runs finish on their own.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -19,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 STOP_VARIABLE = "REPLAYBENCH_STOP_FILE"
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -46,6 +50,27 @@ class WorkerStopping(Exception):
 def check_stop() -> None:
     if signal_name := stop_requested():
         raise WorkerStopping(signal_name)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def dies_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A ``preexec_fn`` after which the kernel sends ``sig`` to the child once the process that
+    started it ends, however it ends: a child in a session of its own is out of reach of the
+    signals its parent's process group gets. Linux only (None elsewhere); the parent's thread that
+    starts the child must live as long as the parent, as the main thread does."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here: the child only calls it
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(sig))
+        if os.getppid() != parent:  # the parent ended before the call above: nothing will send it
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def _children(pid: int) -> list[int]:
@@ -82,7 +107,8 @@ def supervise(command: list[str], what: str, now: bool = False) -> int:
     stop_file = Path(tempfile.mkdtemp(prefix="replaybench-stop-")) / "stop"
     received: list[int] = []
     signal_handlers = {sig: signal.signal(sig, lambda signum, frame: received.append(signum)) for sig in SIGNALS}
-    process = subprocess.Popen(command, env={**os.environ, STOP_VARIABLE: str(stop_file)}, start_new_session=True)
+    process = subprocess.Popen(command, env={**os.environ, STOP_VARIABLE: str(stop_file)}, start_new_session=True,
+                               preexec_fn=dies_with_parent())
     try:
         while not received:
             if process.poll() is not None:

@@ -1,6 +1,7 @@
 """The replaybench command as a user runs it (subprocesses, real files)."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,9 @@ import pytest
 
 from replaybench.storage import Store
 
-from .helpers import kill_tree, known_result
+from flows.supervise import alive
+
+from .helpers import children, kill_tree, known_result
 
 
 def replaybench(*args, cwd, env=None):
@@ -196,6 +199,7 @@ def test_a_killed_run_is_marked_crashed_at_the_next_start_with_finished_results_
     )
     db = tmp_path / "replaybench.db"
     deadline = time.monotonic() + 300
+    left: set[int] = set()
     try:
         while time.monotonic() < deadline:  # until the first config's results are committed
             if db.exists():
@@ -207,9 +211,22 @@ def test_a_killed_run_is_marked_crashed_at_the_next_start_with_finished_results_
             time.sleep(0.5)
         else:
             pytest.fail("no result was stored within 300 s")
-    finally:
-        kill_tree(proc.pid)  # the flow, its Prefect server and measuring process
+        # Killed outright, as the OOM killer would: the process alone, not its group. Its Prefect
+        # server (a session of its own) and its measuring process must end with it.
+        left = children(proc.pid)
+        assert left, "the run started neither its Prefect server nor a measuring process"
+        os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+        deadline = time.monotonic() + 15
+        while any(alive(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(alive(p) for p in left), "a process of the killed run outlived it"
+    finally:
+        kill_tree(proc.pid)  # whatever is left of it, should the test fail
+        proc.wait()
+        for pid in left:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
     out = replaybench("runs", cwd=tmp_path)
     assert out.returncode == 0 and "crashed" in out.stdout
     run = Store(f"sqlite:///{db}").run()

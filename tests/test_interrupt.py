@@ -327,3 +327,33 @@ def test_ctrl_c_to_a_worker_with_now_stops_its_flow_run_at_once_and_cancels_it(t
     assert run.status == "interrupted" and run.error == "interrupted by SIGTERM"  # the worker's SIGTERM to its flow run
     assert 1 <= len({r.params_key for r in run.results}) < CONFIGS
     assert "worker stopping (SIGINT): 1 flow run(s) stopping now" in err, err[-3000:]
+
+
+SUPERVISED = ("import sys; from flows.supervise import supervise; "
+              "supervise([sys.executable, '-c', 'import time; time.sleep(300)'], 'sleeper')")
+
+
+def test_what_worker_or_serve_supervises_ends_when_the_supervisor_is_killed_outright():
+    # SIGKILL (kill -9, the OOM killer) runs no handler, and the supervised Prefect worker, in a
+    # session of its own, gets no signal of its group's: without the kernel's help it would go on.
+    supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISED], cwd=Path(__file__).resolve().parent.parent)
+    found: set[int] = set()
+    try:
+        deadline = time.monotonic() + 30
+        while not found and time.monotonic() < deadline:
+            found = children(supervisor.pid)
+            time.sleep(0.1)
+        assert found, "the supervised process did not start"
+        supervisor.kill()
+        supervisor.wait()
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in found) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(p) for p in found), "the supervised process outlived its killed supervisor"
+    finally:
+        supervisor.kill()
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
