@@ -8,8 +8,9 @@ flow runs check between configs (``stop_requested``). Each one in
 progress finishes its current config, stores its run as interrupted with every finished result,
 and ends ``Cancelled``; with ``--now``, or at a second signal, they are sent SIGTERM and stop at once,
 the same way. The supervisor exits once they have. Killed outright (SIGKILL, the OOM killer), the
-supervisor can do none of that; the kernel then kills the process it supervised (``dies_with_parent``),
-whose flow runs finish on their own.
+supervisor can do none of that; the kernel then kills the process it supervised (``dies_with_parent``)
+instead of leaving it to take more flow runs. Flow runs it had started are left running, their
+output no longer read.
 """
 
 from __future__ import annotations
@@ -66,9 +67,12 @@ def dies_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(sig))
+        if sig != signal.SIGKILL:  # until exec the child has the parent's Python handler, which would only note it
+            signal.signal(sig, signal.SIG_DFL)
+        # Best effort: should the kernel refuse, the child still starts, as it did without this.
+        prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(sig))
         if os.getppid() != parent:  # the parent ended before the call above: nothing will send it
-            os.kill(os.getpid(), sig)
+            os._exit(1)
 
     return preexec
 

@@ -212,7 +212,8 @@ def test_a_killed_run_is_marked_crashed_at_the_next_start_with_finished_results_
         else:
             pytest.fail("no result was stored within 300 s")
         # Killed outright, as the OOM killer would: the process alone, not its group. Its Prefect
-        # server (a session of its own) and its measuring process must end with it.
+        # server (a session of its own) must end with it, and so must a measuring process it has
+        # at that moment (that one ends by itself: test_worker.py holds it to that more closely).
         left = children(proc.pid)
         assert left, "the run started neither its Prefect server nor a measuring process"
         os.kill(proc.pid, signal.SIGKILL)

@@ -352,6 +352,7 @@ def test_what_worker_or_serve_supervises_ends_when_the_supervisor_is_killed_outr
         assert not any(alive(p) for p in found), "the supervised process outlived its killed supervisor"
     finally:
         supervisor.kill()
+        supervisor.wait()
         for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
