@@ -4,10 +4,12 @@ that hold their real data to the product's statistics."""
 import importlib.util
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
 
+from flows.supervise import alive
 from replaybench.results import ConfigResult, HostReference, ModeResult, Series
 from replaybench.stats import typical
 
@@ -87,3 +89,20 @@ def kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def outliving(pids: set[int], within_s: float) -> set[int]:
+    """Those of ``pids`` still running after up to ``within_s`` seconds of waiting for them to end."""
+    deadline = time.monotonic() + within_s
+    while (left := {p for p in pids if alive(p)}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def kill_all(pids: set[int]) -> None:
+    """SIGKILL each of ``pids`` still running (a failed test's leftovers)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

@@ -83,8 +83,8 @@ def background(args, env, log_path):
     try:
         yield proc
     finally:
-        # A `replaybench worker` or `serve` runs Prefect's in a session of its own, which a kill of
-        # the group alone leaves running, polling a server that is gone.
+        # A `replaybench worker` or `serve` runs Prefect's in a session of its own, out of reach of a
+        # kill of the group: the whole tree is killed, not left to the parent-death signal under test.
         kill_tree(proc.pid)
         proc.wait()
         log.close()

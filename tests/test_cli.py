@@ -10,9 +10,7 @@ import pytest
 
 from replaybench.storage import Store
 
-from flows.supervise import alive
-
-from .helpers import children, kill_tree, known_result
+from .helpers import children, kill_all, kill_tree, known_result, outliving
 
 
 def replaybench(*args, cwd, env=None):
@@ -218,16 +216,11 @@ def test_a_killed_run_is_marked_crashed_at_the_next_start_with_finished_results_
         assert left, "the run started neither its Prefect server nor a measuring process"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        deadline = time.monotonic() + 15
-        while any(alive(p) for p in left) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(alive(p) for p in left), "a process of the killed run outlived it"
+        assert not outliving(left, within_s=15), "a process of the killed run outlived it"
     finally:
         kill_tree(proc.pid)  # whatever is left of it, should the test fail
         proc.wait()
-        for pid in left:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(left)
     out = replaybench("runs", cwd=tmp_path)
     assert out.returncode == 0 and "crashed" in out.stdout
     run = Store(f"sqlite:///{db}").run()

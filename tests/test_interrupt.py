@@ -17,7 +17,7 @@ import pytest
 from flows.supervise import alive
 from replaybench.storage import Store
 
-from .helpers import children
+from .helpers import children, kill_all, outliving
 from .prefect_server import prefect_server
 
 pytestmark = pytest.mark.slow
@@ -346,15 +346,8 @@ def test_what_worker_or_serve_supervises_ends_when_the_supervisor_is_killed_outr
         assert found, "the supervised process did not start"
         supervisor.kill()
         supervisor.wait()
-        deadline = time.monotonic() + 10
-        while any(alive(p) for p in found) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(alive(p) for p in found), "the supervised process outlived its killed supervisor"
+        assert not outliving(found, within_s=10), "the supervised process outlived its killed supervisor"
     finally:
         supervisor.kill()
         supervisor.wait()
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_all(found)
