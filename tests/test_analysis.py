@@ -4,7 +4,7 @@ and flags, on known inputs."""
 import numpy as np
 import pytest
 
-from replaybench.analysis import STANDARD_REFERENCE_S, Units, assemble, figures, host_normalised_speedup, interim
+from replaybench.analysis import HOST_ELASTICITY, STANDARD_REFERENCE_S, Units, assemble, figures, host_normalised_speedup, interim
 from replaybench.results import MeasureSettings, ModeResult
 from replaybench.stats import typical
 from replaybench.workload import BenchConfig
@@ -57,26 +57,29 @@ def test_the_figure_is_the_geometric_mean_of_the_processes_own_figures():
 
 
 def test_the_host_normalised_speedup_stays_put_when_the_whole_host_runs_slower_and_the_speedup_does_not():
-    # Two runs of one config: in the second the whole host runs 1.6x slower for the config's seconds
-    # (eager and the reference alike, every unit: the filter sees nothing disturbed), graph replay,
-    # paced by the GPU, as before.
+    # Two runs of one config: in the second the whole host runs slower for the config's seconds, the
+    # reference 1.6x and eager, as measured on the H100 and H200 VMs, by that to the power
+    # HOST_ELASTICITY (every unit: the filter sees nothing disturbed); graph replay, paced by the GPU,
+    # as before.
     rng = np.random.default_rng(2)
 
     def run(host):
-        return [units(40e-6 * host * (1 + 0.01 * rng.standard_normal(12)), [5e-6] * 12, [REF * host] * 12) for _ in range(4)]
+        eager = 40e-6 * host ** HOST_ELASTICITY
+        return [units(eager * (1 + 0.01 * rng.standard_normal(12)), [5e-6] * 12, [REF * host] * 12) for _ in range(4)]
 
     fast, slow = figures(run(1.0), ["eager", "graph"]), figures(run(1.6), ["eager", "graph"])
-    assert slow.speedup["graph"].value / fast.speedup["graph"].value == pytest.approx(1.6, rel=0.02)
+    assert slow.speedup["graph"].value / fast.speedup["graph"].value == pytest.approx(1.6 ** HOST_ELASTICITY, rel=0.02)
     assert not slow.speedup["graph"].ci_low <= fast.speedup["graph"].value <= slow.speedup["graph"].ci_high
     a, b = fast.normalised_speedup["graph"], slow.normalised_speedup["graph"]
     assert b.value == pytest.approx(a.value, rel=0.02) and b.ci_low <= a.value <= b.ci_high
     # its scale: the speedup on a host whose reference block takes STANDARD_REFERENCE_S
-    assert a.value == pytest.approx(8.0 * STANDARD_REFERENCE_S / REF, rel=0.02)
+    assert a.value == pytest.approx(8.0 * (STANDARD_REFERENCE_S / REF) ** HOST_ELASTICITY, rel=0.02)
 
 
 def test_the_host_normalised_speedup_is_the_typical_process_median_of_eager_over_its_references_over_graph():
-    # Per process: the median over every unit (disturbed ones too) of eager over the geometric mean of
-    # the references around it, over the process's median graph block; then ``typical``.
+    # Per process: the median over every unit (disturbed ones too) of eager scaled to the standard
+    # host by the geometric mean of the references around it, over the process's median graph block;
+    # then ``typical``.
     procs = []
     for e, g in ((40e-6, 5e-6), (44e-6, 5.5e-6), (50e-6, 5e-6)):
         u = Units()
@@ -85,7 +88,8 @@ def test_the_host_normalised_speedup_is_the_typical_process_median_of_eager_over
     by_hand = []
     for u in procs:
         refs = np.sqrt(np.multiply(u.ref_before, u.ref_after))
-        by_hand.append(np.asarray(u.blocks["eager"]) / refs * STANDARD_REFERENCE_S / np.median(u.blocks["graph"]))
+        at_standard = np.asarray(u.blocks["eager"]) * (STANDARD_REFERENCE_S / refs) ** HOST_ELASTICITY
+        by_hand.append(at_standard / np.median(u.blocks["graph"]))
     expected, got = typical(by_hand), host_normalised_speedup(procs, "graph")
     assert (got.value, got.ci_low, got.ci_high) == pytest.approx((expected.value, expected.ci_low, expected.ci_high))
     assert figures(procs, ["eager", "graph"]).normalised_speedup["graph"] == got

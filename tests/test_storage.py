@@ -48,7 +48,7 @@ def test_failures_make_the_run_completed_with_failures(db_url):
 def test_schema_is_at_the_newest_migration(db_url, tmp_path):
     Store(db_url)
     con = sqlite3.connect(tmp_path / "replaybench.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0008",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0009",)
     assert con.execute("pragma journal_mode").fetchone() == ("wal",)
     assert {"runs", "results"} <= set(inspect(Store(db_url).engine).get_table_names())
 
@@ -158,7 +158,7 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
     assert "gpu" not in {c["name"] for c in inspect(engine).get_columns("results")}
     store = Store(url)  # opening upgrades in place
     con = sqlite3.connect(tmp_path / "old.db")
-    assert con.execute("select version_num from alembic_version").fetchone() == ("0008",)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0009",)
     indexes = {i["name"]: i["column_names"] for i in inspect(store.engine).get_indexes("results")}
     assert indexes == {"ix_results_run_id": ["run_id"], "ix_results_history": ["workload", "params_key", "mode", "run_id"]}
     run = store.run(7)
@@ -180,3 +180,35 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
     store_verdicts(store, new_id)  # the old run's row is its graph history (nightly, no GPU either)
     verdicts = {r.mode: r.verdict for r in store.run(new_id).results}
     assert verdicts == {"eager": "NEW", "graph": "UNCERTAIN"}  # one earlier night: too short a history
+
+
+def test_a_store_of_the_previous_schema_gets_its_host_normalised_speedups_computed_again_on_upgrade(tmp_path):
+    """An H100 default-suite run stored at schema 0008, whose host-normalised speedups divided eager by
+    the reference outright: opening it upgrades it, and every graph row's figure is computed again
+    from the units it stored, as the engine computes it now, so that old and new nights compare."""
+    from pathlib import Path
+
+    from replaybench.analysis import figures, stored_units
+
+    copy = tmp_path / "suite.db"
+    copy.write_bytes((Path(__file__).resolve().parent.parent / "benchmarks/data/h100-default-suite-run-5.db").read_bytes())
+    con = sqlite3.connect(copy)
+    assert con.execute("select version_num from alembic_version").fetchone() == ("0008",)
+    before = dict(con.execute("select params_key || workload, normalised_speedup from results where mode = 'graph'").fetchall())
+    con.close()
+    assert len(before) == 19 and all(before.values())
+
+    store = Store(f"sqlite:///{copy}")
+    configs: dict = {}
+    for r in store.run(1).results:
+        configs.setdefault(r.params_key + r.workload, {})[r.mode] = r
+    moved = []
+    for key, modes in configs.items():
+        expected = figures(stored_units(modes), ["eager", "graph"]).normalised_speedup["graph"]
+        graph = modes["graph"]
+        assert (graph.normalised_speedup, graph.normalised_speedup_ci_low, graph.normalised_speedup_ci_high) == \
+            pytest.approx((expected.value, expected.ci_low, expected.ci_high))
+        assert modes["eager"].normalised_speedup is None
+        moved.append(abs(graph.normalised_speedup / before[key] - 1))
+    store.engine.dispose()
+    assert min(moved) > 0.01  # each was stored by the old definition, and is not any more
