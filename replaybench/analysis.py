@@ -27,8 +27,8 @@ MIN_KEPT = 3  # a process with fewer undisturbed units is left out of a figure
 # sets them aside as eager's does.
 GPU_PACED = frozenset({"graph"})
 UNMOVED = 0.02
-# The host-normalised speedup is eager over the reference blocks around it, per mode time, times
-# this fixed reference time: the speedup on a host whose reference block takes 0.4 ms (about the
+# The host-normalised speedup is eager scaled to a host whose reference block takes this fixed time,
+# per mode time: the speedup on a host whose reference block takes 0.4 ms (about the
 # middle of the 0.24-0.60 ms the H100 and H200 VMs measured). Fixed, so that runs compare; the
 # scale changes no ratio between runs and no relative width.
 STANDARD_REFERENCE_S = 0.4e-3

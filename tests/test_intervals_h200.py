@@ -298,8 +298,8 @@ def test_measured_passes_saw_host_states_that_move_eager_but_not_eager_over_the_
     recombined = [calibration.as_run(run) for run in calibration.recompute(runs)]
     widths = [(hi - lo) / 2 / v for run in recombined for row in run for v, lo, hi in [row["metrics"]["speedup"]]]
     assert statistics.median(widths) > 0.08
-    # The same passes' speedup with the host's speed taken out (eager over the reference, per graph
-    # time) is far narrower, and each run's interval holds the other run's figure, or misses it by a hair.
+    # The same passes' speedup with the host's speed taken out (eager scaled by the reference, per
+    # graph time) is far narrower, and each run's interval holds the other run's figure, or misses it by a hair.
     # A pass whose graph replay a slow core slowed makes no such figure, nor does its config's run.
     normalised = [[row["metrics"].get("normalised_speedup") for row in run] for run in recombined]
     both = [(a, b) for a, b in zip(*normalised) if a and b]
