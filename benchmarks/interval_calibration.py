@@ -11,7 +11,9 @@ run settings: processes, precision target, time budget), every config measured i
   GPU time), the median over runs;
 - coverage: the share of runs whose interval holds the median of all runs' point estimates;
 - run-to-run spread of eager four ways: the reported figure (disturbed units set aside), all units
-  counted, eager divided by the host reference block (``stats``' docstring says why the first), and
+  counted, eager with the host's speed taken out (``eager_normalised``: eager at standard host
+  speed, ``analysis.Units.at_standard_host``, as the file stored it or, with ``--recompute``, as
+  this checkout computes it from the raw units; ``stats``' docstring says why the first), and
   eager at the run's typical host speed (the reported figure times the median over the run's configs
   of their undisturbed reference time, over this config's own: what the host's speed during this
   config's seconds added to it, taken out), and the median of each over the configs;
@@ -308,7 +310,7 @@ def summarize(runs: list[list[dict]]) -> None:
         walls = [r["wall_s"] for r in rows]
         spreads = {"reported": spread([r["metrics"]["eager"][0] for r in rows]),
                    "all units": spread([r.get("eager_all_units") for r in rows]),
-                   "normalised by the reference": spread([r.get("eager_normalised") for r in rows]),
+                   "host's speed taken out": spread([r.get("eager_normalised") for r in rows]),
                    "at the run's host speed": spread([run[i] for run in scaled])}
         for name, value in spreads.items():
             if np.isfinite(value):

@@ -4,7 +4,9 @@
 
 The night-to-night noise comes from repeated H200 runs of the six noisiest default configs
 (``benchmarks/data/h200-calibration-*.json``: 7 runs on two VMs, see its README): for each config
-and judged figure (eager over the host reference, graph replay throughput, graph GPU time), the
+and judged figure (eager with the host's speed taken out as those files stored it, then eager over the
+host reference: its run-to-run noise is larger than that of eager at standard host speed, which the
+verdicts judge now; graph replay throughput, graph GPU time), the
 deviations of its runs' log figures from their mean. A synthetic history picks a config and draws
 each night's deviation from that config's own deviations (a smoothed bootstrap: one of them, plus
 Gaussian jitter of Silverman's bandwidth, scaled to keep their spread), so each history has the
@@ -43,7 +45,7 @@ from replaybench.verdicts import CONFIRMATIONS  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 FIGURES = ("eager", "graph", "graph_gpu")
-LABELS = {"eager": "eager over the host reference", "graph": "graph replay throughput", "graph_gpu": "graph GPU time"}
+LABELS = {"eager": "eager, host's speed taken out", "graph": "graph replay throughput", "graph_gpu": "graph GPU time"}
 STEP = 0.10
 ENV = (("torch", "2.11.0"),)
 NEW_ENV = (("torch", "2.12.0.dev20261203"),)

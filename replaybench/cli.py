@@ -520,15 +520,13 @@ def cmd_compare(args) -> int:
         return 0
     header = ("workload", "config", "mode", "figure", f"run {args.base}", f"run {args.run}", "change", "verdict")
 
-    def fmt(column, v):
-        if v is None:
-            return "n/a"
-        return f"{v:.4g} x ref" if column == "host_normalised" else f"{v * 1e6:.2f} us"
+    def fmt(v):
+        return "n/a" if v is None else f"{v * 1e6:.2f} us"
 
     def cells(row):
         change = "n/a" if row["change"] is None else f"{row['change']:+.1%}"
-        return (row["workload"], params_label(row["params"]), row["mode"], row["figure"], fmt(row["column"], row["baseline"]),
-                fmt(row["column"], row["value"]), change, row["verdict"])
+        return (row["workload"], params_label(row["params"]), row["mode"], row["figure"], fmt(row["baseline"]),
+                fmt(row["value"]), change, row["verdict"])
 
     if args.format == "markdown":
         print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))

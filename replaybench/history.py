@@ -1,6 +1,6 @@
 """Did a figure of one config change? A change-point fit over its history, refit every night.
 
-The input is one config's figure (a time, or eager over the host reference) on each earlier night,
+The input is one config's figure (a time, or eager at standard host speed) on each earlier night,
 oldest first, and tonight's: one :class:`Point` per run, weighted by the measurements it rests on
 (same-night confirmations add to them). Everything is on log scale, so changes are relative.
 

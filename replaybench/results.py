@@ -100,8 +100,8 @@ class ModeResult(BaseModel):
     latency: Series | None = None
     gpu: Series | None = None
     host_enqueue: Series | None = None
-    # eager only: every throughput block in units of the host reference blocks timed around it
-    # (dimensionless): steadier across runs than eager itself where the host's speed drifts
+    # eager only: every throughput block scaled to the standard host by the reference blocks timed
+    # around it (analysis.Units.at_standard_host): steadier across runs than eager where the host's speed drifts
     host_normalised: Series | None = None
     iters_per_block: int | None = None
     kernels_per_iter: float | None = None

@@ -9,8 +9,9 @@ VMs each vCPU, independently of the others, spent 0.5-3 s at a time running the 
 1.8-2x and eager about 1.4-1.5x slower (``benchmarks/host_noise.py``). A figure describes the host
 at its own speed, and the share set aside is reported with it. What the filter cannot see is a
 change of the whole host's speed, on every core at once, over tens of seconds: there the
-reference moves with eager, and ``ModeResult.host_normalised`` (eager over the reference) is the
-steadier figure across runs (``benchmarks/interval_calibration.py``). Graph replay, which the
+reference moves with eager, and ``ModeResult.host_normalised`` (eager scaled to a host of a fixed
+reference time, ``analysis.Units.at_standard_host``) is the steadier figure across runs
+(``benchmarks/interval_calibration.py``). Graph replay, which the
 GPU paces, is not slowed by a slow core: its figure counts every unit (``analysis.GPU_PACED``).
 
 A reported figure is the *typical process's* median: each measuring process's median over its

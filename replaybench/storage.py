@@ -120,7 +120,7 @@ class Result(Base):
     gpu_ci_low: Mapped[float | None]
     gpu_ci_high: Mapped[float | None]
     host_enqueue_s: Mapped[float | None]
-    # eager only: throughput over the host reference block's time, and its 95% interval
+    # eager only: throughput at standard host speed (analysis.Units.at_standard_host), and its 95% interval
     host_normalised: Mapped[float | None]
     host_normalised_ci_low: Mapped[float | None]
     host_normalised_ci_high: Mapped[float | None]

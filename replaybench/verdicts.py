@@ -1,7 +1,7 @@
 """Verdicts of a stored run against the nightly history: which figures are judged, what history
 they are judged against, and the glue between the store and ``replaybench.history``.
 
-Judged figures (lower is better for each): eager over the host reference (eager throughput for
+Judged figures (lower is better for each): eager at standard host speed (eager throughput for
 rows stored before it existed), graph replay throughput and graph GPU time, and each compile
 mode's throughput. The speedup is derived from eager and graph and never the ground of a verdict;
 a row's reason gives how it moved.
@@ -47,7 +47,7 @@ class Metric:
     high: str
 
 
-EAGER = Metric("eager over the host reference", "host_normalised", "host_normalised_ci_low", "host_normalised_ci_high")
+EAGER = Metric("eager at standard host speed", "host_normalised", "host_normalised_ci_low", "host_normalised_ci_high")
 EAGER_TIME = Metric("eager throughput", "throughput_s", "throughput_ci_low", "throughput_ci_high")
 THROUGHPUT = Metric("throughput", "throughput_s", "throughput_ci_low", "throughput_ci_high")
 GPU_TIME = Metric("GPU time", "gpu_s", "gpu_ci_low", "gpu_ci_high")

@@ -303,7 +303,7 @@ def test_two_measured_runs_mark_exactly_the_slowed_workload_slower(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
     first, second = (store.run(i) for i in (1, 2))
     eager = {(run.id, r.workload): r.throughput_s for run in (first, second) for r in run.results if r.mode == "eager"}
-    # The slowdown is real in eager over the host reference, which a change of the whole host's
+    # The slowdown is real in eager at standard host speed, which a change of the whole host's
     # speed between the two runs (common on a 2-core machine) does not move.
     normalised = {(run.id, r.workload): r.host_normalised for run in (first, second) for r in run.results if r.mode == "eager"}
     # Twice the layers, not twice the call: the timing loop's own cost per call is not doubled.

@@ -127,8 +127,8 @@ def test_compare_needs_the_intervals_apart_and_the_nightly_noise_to_agree():
 
 
 def test_on_the_noise_of_the_h200_runs_steps_are_found_and_flat_nights_are_quiet():
-    """Histories drawn from the seven H200 runs of benchmarks/data (eager over the host reference,
-    the noisiest judged figure: 3-6% per config): a 12% step is found within three nights with two
+    """Histories drawn from the seven H200 runs of benchmarks/data (eager over the host reference
+    as they stored it, noisier than any figure judged now: 3-6% per config): a 12% step is found within three nights with two
     confirmations, and flat histories give no step."""
     data = Path(__file__).resolve().parent.parent / "benchmarks" / "data"
     deviations = []

@@ -290,8 +290,9 @@ def test_measured_passes_saw_host_states_that_move_eager_but_not_eager_over_the_
     """Four passes per config in each of two runs on an H100 VM (h100-calibration-passes.json): the
     host went between states whose eager times differed by up to 1.7x, so the t interval over
     passes was wide (median half-width above 8%), that of the speedup with the host's speed taken
-    out far narrower; and eager over the host reference, which the report shows and nightly verdicts
-    judge eager on, moved less than half as much as eager across the same eight passes of each config."""
+    out far narrower; and eager over the host reference as the file stored it (what the report showed
+    and nightly verdicts judged eager on then) moved less than half as much as eager across the same
+    eight passes of each config."""
     calibration = benchmark("interval_calibration")
     runs = json.loads((DATA / "h100-calibration-passes.json").read_text())["runs"]
     assert len(runs) == 2 and all(len(row["passes"]) == 4 for run in runs for row in run)
@@ -393,6 +394,32 @@ def test_eager_moves_with_the_host_reference_to_a_power_below_one_and_the_engine
         count, s = by_power[best][left_out]
         held_out = [held_out[0] + count, held_out[1] + round(count / s)]
     assert held_out[0] / held_out[1] >= 0.9
+
+
+def test_eager_at_standard_host_speed_moves_less_from_run_to_run_than_eager_over_the_reference(monkeypatch):
+    """What nightly verdicts judge eager on, from the raw units of every kept file of repeated runs:
+    eager scaled to the standard host by the reference to the power HOST_ELASTICITY moved from run to
+    run less than eager divided by the reference outright in every file (median over configs of the
+    standard deviation of its log), and 1.4 times less or better over the five."""
+    from replaybench import analysis
+
+    calibration = benchmark("interval_calibration")
+
+    def run_to_run():
+        per_file = []
+        for name in REPEATED:
+            saved = [calibration.unpassed(run) for run in json.loads((DATA / name).read_text())["runs"]]
+            deviations = [np.std(np.log([figures(calibration.row_units(row), ["eager"]).normalised.value for row in rows]), ddof=1)
+                          for rows in zip(*calibration.passes_as_runs(saved))]
+            per_file.append(statistics.median(deviations))
+        return np.array(per_file)
+
+    scaled = run_to_run()
+    with monkeypatch.context() as m:
+        m.setattr(analysis, "HOST_ELASTICITY", 1.0)
+        divided = run_to_run()
+    assert (scaled < divided).all()
+    assert np.median(divided / scaled) >= 1.4
 
 
 def single_pass_runs(name):

@@ -83,7 +83,7 @@ def test_the_slowed_workload_reads_slower_and_nothing_else_does(nights):
     verdicts = section(report, "Verdicts")
     slowed = [line for line in verdicts.splitlines() if line.startswith("| slowed |")]
     steady = [line for line in verdicts.splitlines() if line.startswith("| steady |")]
-    assert any("| eager | **SLOWER**" in line and "eager over the host reference: SLOWER" in line for line in slowed), verdicts
+    assert any("| eager | **SLOWER**" in line and "eager at standard host speed: SLOWER" in line for line in slowed), verdicts
     assert not any("SLOWER" in line.split("|")[4] for line in steady), verdicts
     # The slowed config looked off on its first night: measured again, twice, in fresh processes.
     repeats = {(r.workload, r.mode): 0 for r in last.results}
@@ -92,7 +92,7 @@ def test_the_slowed_workload_reads_slower_and_nothing_else_does(nights):
     assert repeats[("slowed", "eager")] == 2 and "(same-night confirmation)" in section(report, "slowed")
     # The regression is listed at the top, with its figure, size and first night.
     top = section(report, "Open regressions")
-    assert "| slowed |" in top and "eager over the host reference" in top and f"run {last.id}" in top
+    assert "| slowed |" in top and "eager at standard host speed" in top and f"run {last.id}" in top
     assert "| steady |" not in top
 
 
@@ -117,7 +117,7 @@ def test_the_alert_automation_posts_the_regression_to_the_webhook(nights):
         time.sleep(1)
     (message,) = Webhook.received
     assert message["text"].startswith("replaybench: slowed(batch_size=1, dtype=float32) eager slower")
-    assert "in run 7" in message["text"] and "eager over the host reference: SLOWER" in message["text"]
+    assert "in run 7" in message["text"] and "eager at standard host speed: SLOWER" in message["text"]
 
 
 def test_alerts_refuse_what_is_not_a_webhook(nights):
@@ -130,7 +130,7 @@ def test_regressions_are_listed_until_acknowledged(nights):
     api, work, env, _ = nights
     out = replaybench("regressions", "--format", "json", cwd=work, env=env)
     (listed,) = json.loads(out.stdout)
-    assert listed["workload"] == "slowed" and listed["figure"] == "eager over the host reference"
+    assert listed["workload"] == "slowed" and listed["figure"] == "eager at standard host speed"
     assert replaybench("ack", "12345:nothing", cwd=work, env=env).returncode == 2
     ack = replaybench("ack", listed["id"], "--note", "twice the work, on purpose", cwd=work, env=env)
     assert ack.returncode == 0 and "acknowledged: slowed eager" in ack.stderr

@@ -182,21 +182,28 @@ def test_a_database_of_the_first_schema_holding_data_upgrades_without_loss(tmp_p
     assert verdicts == {"eager": "NEW", "graph": "UNCERTAIN"}  # one earlier night: too short a history
 
 
-def test_a_store_of_the_previous_schema_gets_its_host_normalised_speedups_computed_again_on_upgrade(tmp_path):
-    """An H100 default-suite run stored at schema 0008, whose host-normalised speedups divided eager by
-    the reference outright: opening it upgrades it, and every graph row's figure is computed again
-    from the units it stored, as the engine computes it now, so that old and new nights compare."""
+def test_a_store_of_the_previous_schema_gets_its_figures_at_standard_host_speed_computed_again_on_upgrade(tmp_path):
+    """An H100 default-suite run stored at schema 0008, whose eager over the host reference and
+    host-normalised speedups divided eager by the reference outright: opening it upgrades it, every
+    eager row gets eager at standard host speed and every graph row its host-normalised speedup
+    computed again from the units it stored, as the engine computes them now, so that old and new
+    nights compare; an acknowledged eager regression keeps its acknowledgement under the new name."""
     from pathlib import Path
 
     from replaybench.analysis import figures, stored_units
+    from replaybench.verdicts import EAGER
 
     copy = tmp_path / "suite.db"
     copy.write_bytes((Path(__file__).resolve().parent.parent / "benchmarks/data/h100-default-suite-run-5.db").read_bytes())
     con = sqlite3.connect(copy)
     assert con.execute("select version_num from alembic_version").fetchone() == ("0008",)
-    before = dict(con.execute("select params_key || workload, normalised_speedup from results where mode = 'graph'").fetchall())
+    before = {(key, mode): value for key, mode, value in con.execute(
+        "select params_key || workload, mode, coalesce(normalised_speedup, host_normalised) from results")}
+    con.execute("insert into acknowledgements (workload, params_key, mode, metric, first_run_id, acknowledged_at) "
+                "values ('seed_mlp', '{}', 'eager', 'eager over the host reference', 1, '2026-12-07 00:00:00')")
+    con.commit()
     con.close()
-    assert len(before) == 19 and all(before.values())
+    assert len(before) == 38 and all(before.values())
 
     store = Store(f"sqlite:///{copy}")
     configs: dict = {}
@@ -204,11 +211,18 @@ def test_a_store_of_the_previous_schema_gets_its_host_normalised_speedups_comput
         configs.setdefault(r.params_key + r.workload, {})[r.mode] = r
     moved = []
     for key, modes in configs.items():
-        expected = figures(stored_units(modes), ["eager", "graph"]).normalised_speedup["graph"]
-        graph = modes["graph"]
+        found = figures(stored_units(modes), ["eager", "graph"])
+        expected = found.normalised_speedup["graph"]
+        graph, eager = modes["graph"], modes["eager"]
         assert (graph.normalised_speedup, graph.normalised_speedup_ci_low, graph.normalised_speedup_ci_high) == \
             pytest.approx((expected.value, expected.ci_low, expected.ci_high))
-        assert modes["eager"].normalised_speedup is None
-        moved.append(abs(graph.normalised_speedup / before[key] - 1))
-    store.engine.dispose()
+        assert (eager.host_normalised, eager.host_normalised_ci_low, eager.host_normalised_ci_high) == \
+            pytest.approx((found.normalised.value, found.normalised.ci_low, found.normalised.ci_high))
+        assert eager.normalised_speedup is None and graph.host_normalised is None
+        # a time per call now, near eager's own (reference blocks of 0.24-0.60 ms against the standard 0.4 ms)
+        assert 0.5 < eager.host_normalised / eager.throughput_s < 2
+        moved.append(abs(graph.normalised_speedup / before[key, "graph"] - 1))
     assert min(moved) > 0.01  # each was stored by the old definition, and is not any more
+    store.engine.dispose()
+    con = sqlite3.connect(copy)
+    assert con.execute("select metric from acknowledgements").fetchall() == [(EAGER.name,)]

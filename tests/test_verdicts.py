@@ -30,7 +30,7 @@ def store(tmp_path):
 def add_night(store, night, eager=0.12, graph=6e-6, gpu=5.9e-6, *, trigger="nightly", status="completed",
               torch="2.11.0", gpu_name="NVIDIA H200", settings=SETTINGS, repeats=1, workload="seed_mlp", noise=0.0, rng=None,
               normalised=True):
-    """One run with an eager and a graph row (per repeat): eager over the host reference, graph
+    """One run with an eager and a graph row (per repeat): eager at standard host speed, graph
     throughput and GPU time with 1% intervals, the speedup derived, and the speedup with the host's
     speed taken out near 8.0, moving a quarter as much as eager (its own draws: the others' stay as
     they were). Returns the run id."""
@@ -127,7 +127,7 @@ def test_stored_verdicts_are_what_reports_read(store, tmp_path, monkeypatch):
     _, text = write_report(store, run, tmp_path / "reports")
     assert "Against the nightly history: **1 slower**, 0 faster, 1 same" in text
     verdicts_section = text.split("## Verdicts")[1].split("\n## ")[0]
-    assert "| eager | **SLOWER** (+2" in verdicts_section and "eager over the host reference: SLOWER +2" in verdicts_section
+    assert "| eager | **SLOWER** (+2" in verdicts_section and "eager at standard host speed: SLOWER +2" in verdicts_section
     assert "speedup 2" in verdicts_section and "higher (derived from eager and graph, not judged)" in verdicts_section
     assert "## Open regressions" in text and len(ids) == 12
 
@@ -148,7 +148,7 @@ def test_compare_judges_two_runs_with_the_nightly_noise(store):
     a = add_night(store, 12, eager=0.12, trigger="cli")
     b = add_night(store, 13, eager=0.12 * 1.06, trigger="cli")
     rows = {(r["mode"], r["figure"]): r for r in compare_runs(store, a, b)}
-    eager = rows[("eager", "eager over the host reference")]
+    eager = rows[("eager", "eager at standard host speed")]
     assert eager["verdict"] != "SLOWER" and eager["change"] == pytest.approx(0.06)
     assert "nightly run-to-run noise" in eager["reason"]
     # A 40% step is one whatever the noise.
