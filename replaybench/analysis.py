@@ -143,7 +143,7 @@ def figures(units: list[Units], modes: list[str], base: float | None = None, gpu
         m: typical(per_process(lambda u: np.asarray(u.blocks["eager"]) / np.asarray(u.blocks[m])))
         for m in modes if m != "eager" and "eager" in modes
     }
-    # Over every unit: dividing by the reference already takes the host's speed out, disturbed or
+    # Over every unit: scaling by the reference already takes the host's speed out, disturbed or
     # not, and on the H200 runs it was steadier from run to run so than over the undisturbed units.
     f.normalised = typical([u.at_standard_host("eager") for u in units if len(u)]) if "eager" in modes else None
     # Only where the mode's blocks are paced by the GPU: a mode the core paces moves with the host too.

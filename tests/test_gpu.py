@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from replaybench.analysis import MIN_KEPT
 from replaybench.results import MeasureSettings
 from replaybench.worker import MeasuringPool
 from replaybench.workload import BenchConfig
@@ -92,9 +93,12 @@ def test_two_processes_time_in_turn_and_each_is_a_witness():
     eager, graph = result.mode("eager"), result.mode("graph")
     assert graph.status == "ok", graph.reason
     assert len(graph.throughput.per_process) == 3
-    # A process with too few undisturbed units is left out of the figure, and flagged so.
-    left_out = sum(flag.count("core") for flag in eager.flags if flag.startswith("left out"))
-    assert len(graph.speedup_per_process) == 3 - left_out >= 1
+    # A process with fewer than MIN_KEPT undisturbed units is left out of the speedup (all count
+    # where that would leave none).
+    bounds = np.cumsum([0, *eager.throughput.per_process])
+    kept = [sum(eager.throughput.kept[a:b]) for a, b in zip(bounds, bounds[1:])]
+    assert len(kept) == 3
+    assert len(graph.speedup_per_process) == (sum(k >= MIN_KEPT for k in kept) or 3)
     # The figure is the geometric mean of the processes' own figures, its interval the t one.
     assert graph.speedup == pytest.approx(float(np.exp(np.mean(np.log(graph.speedup_per_process)))))
     assert graph.throughput.value == pytest.approx(float(np.exp(np.mean(np.log(graph.throughput.process_values)))))
