@@ -422,6 +422,33 @@ def test_eager_at_standard_host_speed_moves_less_from_run_to_run_than_eager_over
     assert np.median(divided / scaled) >= 1.4
 
 
+def test_across_two_h100_vms_of_different_host_speeds_the_figures_with_the_host_speed_taken_out_agree(tmp_path):
+    """Three configs measured on two H100 VMs 43 minutes apart (h100-default-suite-run-5.db and
+    h100-three-configs-run-6.db), the second's host running the reference block up to 2.2 times
+    slower: eager and the speedup differed by 23-88% between the VMs, eager at standard host speed
+    and the host-normalised speedup by under 6%, as this checkout computes them from the stored units."""
+    from replaybench.storage import Store
+
+    figures_of = []
+    for name in ("h100-default-suite-run-5.db", "h100-three-configs-run-6.db"):
+        copy = tmp_path / name
+        copy.write_bytes((DATA / name).read_bytes())
+        store = Store(f"sqlite:///{copy}")  # opening upgrades the copy: its figures computed again
+        by_config = defaultdict(dict)
+        for r in store.run(1).results:
+            by_config[r.workload][r.mode] = r
+        figures_of.append({w: (m["eager"].throughput_s, m["graph"].speedup, m["eager"].host_normalised,
+                               m["graph"].normalised_speedup, m["eager"].host_reference_s)
+                           for w, m in by_config.items() if w in ("seed_mlp", "gpt_multi_step", "resnet_small")})
+        store.engine.dispose()
+    first, second = figures_of
+    assert len(first) == len(second) == 3
+    apart = {w: [max(a, b) / min(a, b) - 1 for a, b in zip(first[w], second[w])] for w in first}
+    assert max(d[4] for d in apart.values()) > 1.0  # the reference block: a host twice as slow
+    assert min(d[0] for d in apart.values()) > 0.2 and min(d[1] for d in apart.values()) > 0.2
+    assert max(d[2] for d in apart.values()) < 0.06 and max(d[3] for d in apart.values()) < 0.06
+
+
 def single_pass_runs(name):
     """A kept calibration file's runs, each pass read as a run of its own."""
     calibration = benchmark("interval_calibration")
