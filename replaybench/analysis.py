@@ -36,7 +36,7 @@ STANDARD_REFERENCE_S = 0.4e-3
 # reference's to this power, not in proportion (the reference, a loop of tiny CPU tensor ops, slows
 # more). Over the kept repeated runs of benchmarks/data (an H200 VM and four H100 VMs), with 0.75 the
 # host-normalised speedup's interval held the median of the runs in 143 of 154 (93%) at a median
-# half-width of 4.6%, where dividing by the reference outright (1.0) held it in 124 (81%) at 8.4%;
+# half-width of 4.6% (0.8 as many), where dividing by the reference outright (1.0) held it in 124 (81%) at 8.4%;
 # chosen on any four of the files, the power is 0.75 or 0.8; and eager so scaled moved from run to
 # run 1.4-4 times less than eager over the reference (tests/test_intervals_h200.py, README
 # "Passes").
@@ -67,12 +67,13 @@ class Units:
     def refs(self) -> list[float]:
         return [*self.ref_before, *self.ref_after]
 
-    def at_standard_host(self, mode: str) -> np.ndarray:
+    def at_standard_host(self, mode: str, elasticity: float | None = None) -> np.ndarray:
         """Per unit, the mode's block scaled to a host whose reference block takes
         STANDARD_REFERENCE_S: times (that over the geometric mean of the reference blocks around
-        it) to the power HOST_ELASTICITY."""
+        it) to the power ``elasticity`` (HOST_ELASTICITY unless given)."""
+        power = HOST_ELASTICITY if elasticity is None else elasticity
         reference = np.sqrt(np.multiply(self.ref_before, self.ref_after))
-        return np.asarray(self.blocks[mode]) * (STANDARD_REFERENCE_S / reference) ** HOST_ELASTICITY
+        return np.asarray(self.blocks[mode]) * (STANDARD_REFERENCE_S / reference) ** power
 
     def kept(self, base: float) -> np.ndarray:
         return undisturbed(self.ref_before, self.ref_after, base)
@@ -116,12 +117,13 @@ class Figures:
         return self.masks, self.used
 
 
-def figures(units: list[Units], modes: list[str], base: float | None = None, gpu_paced: frozenset[str] = GPU_PACED) -> Figures:
+def figures(units: list[Units], modes: list[str], base: float | None = None, gpu_paced: frozenset[str] = GPU_PACED,
+            elasticity: float | None = None) -> Figures:
     """Each mode's figure and each speedup (eager over the mode, unit by unit) over the processes'
     undisturbed units. A process with fewer than MIN_KEPT of them is left out; if that leaves none,
     every unit counts (the host was disturbed throughout, and the flags say so). The figure of a
     mode in ``gpu_paced`` whose blocks a slow core left unmoved counts every unit of every process;
-    its speedup, paired with eager, does not."""
+    its speedup, paired with eager, does not. ``elasticity``: see Units.at_standard_host."""
     if base is None:
         base = undisturbed_base([r for u in units for r in u.refs()])
     masks = [u.kept(base) for u in units]
@@ -143,15 +145,15 @@ def figures(units: list[Units], modes: list[str], base: float | None = None, gpu
         m: typical(per_process(lambda u: np.asarray(u.blocks["eager"]) / np.asarray(u.blocks[m])))
         for m in modes if m != "eager" and "eager" in modes
     }
-    # Over every unit: scaling by the reference already takes the host's speed out, disturbed or
-    # not, and on the H200 runs it was steadier from run to run so than over the undisturbed units.
-    f.normalised = typical([u.at_standard_host("eager") for u in units if len(u)]) if "eager" in modes else None
+    # Over every unit: scaling by the reference already takes the host's speed out, disturbed or not.
+    f.normalised = typical([u.at_standard_host("eager", elasticity) for u in units if len(u)]) if "eager" in modes else None
     # Only where the mode's blocks are paced by the GPU: a mode the core paces moves with the host too.
-    f.normalised_speedup = {m: e for m in f.speedup if m in paced and (e := host_normalised_speedup(units, m)) is not None}
+    f.normalised_speedup = {m: e for m in f.speedup
+                            if m in paced and (e := host_normalised_speedup(units, m, elasticity)) is not None}
     return f
 
 
-def host_normalised_speedup(units: list[Units], mode: str) -> Estimate | None:
+def host_normalised_speedup(units: list[Units], mode: str, elasticity: float | None = None) -> Estimate | None:
     """The speedup with the host's speed taken out: per process, the median over every unit of eager
     at the standard host speed (eager times (STANDARD_REFERENCE_S over the geometric mean of the
     reference blocks around it) to the power HOST_ELASTICITY), over the process's median ``mode``
@@ -159,7 +161,7 @@ def host_normalised_speedup(units: list[Units], mode: str) -> Estimate | None:
     reference with it; ``mode``, paced by the GPU, does not. So where the whole host runs at another
     speed for minutes, which moves the speedup from run to run and which no interval over one run's
     processes can see, this figure stays put (``benchmarks/interval_calibration.py``)."""
-    per_process = [u.at_standard_host("eager") / np.median(u.blocks[mode])
+    per_process = [u.at_standard_host("eager", elasticity) / np.median(u.blocks[mode])
                    for u in units if len(u) and len(u.blocks.get(mode, ()))]
     return typical(per_process) if per_process else None
 

@@ -310,6 +310,9 @@ def test_measured_passes_saw_host_states_that_move_eager_but_not_eager_over_the_
     checks = [(v, lo, hi) for (v1, lo1, hi1), (v2, lo2, hi2) in both for v, lo, hi in ((v2, lo1, hi1), (v1, lo2, hi2))]
     assert sum(lo <= v <= hi for v, lo, hi in checks) >= 0.8 * len(checks)
     assert all(lo / 1.02 <= v <= hi * 1.02 for v, lo, hi in checks)
+    # and each config's interval over its four passes holds the median of the two runs: 11 of 11
+    count, share, _, _ = holding(recombined, "normalised_speedup")
+    assert (count, share) == (11, 1.0)
     for i in range(len(runs[0])):
         passes = [p for run in runs for p in run[i]["passes"]]
         eager = np.log([p["metrics"]["eager"][0] for p in passes])
@@ -340,30 +343,36 @@ def test_a_single_runs_speedup_with_the_host_speed_taken_out_holds_across_runs_w
 
 
 def pooled(files, metric="normalised_speedup"):
-    """``holding`` over several files: runs held, runs, median and largest half-width."""
-    counts = [holding(single_pass_runs(name), metric) for name in files]
-    hits = sum(c[0] for c in counts)
-    total = sum(round(c[0] / c[1]) for c in counts)
-    return hits, total, statistics.median(c[2] for c in counts), max(c[3] for c in counts)
+    """``holding`` over several files: runs held, runs, and the median and largest half-width over
+    every run."""
+    hits, widths = [], []
+    for name in files:
+        saved = single_pass_runs(name)
+        for i in range(len(saved[0])):
+            values = [run[i]["metrics"][metric] for run in saved if metric in run[i]["metrics"]]
+            center = statistics.median(v for v, _, _ in values)
+            hits += [lo <= center <= hi for _, lo, hi in values]
+            widths += [(hi - lo) / 2 / v for v, lo, hi in values]
+    return sum(hits), len(hits), statistics.median(widths), max(widths)
 
 
 def test_eager_moves_with_the_host_reference_to_a_power_below_one_and_the_engine_takes_that_power_out(monkeypatch):
     """Over every kept file of repeated runs, the host-normalised speedup's interval held the median
-    of its config's runs in >= 90% of them (143 of 154) at half-widths <= 8% median and none above
-    20%, with the engine's HOST_ELASTICITY; dividing eager by the reference outright (1.0) held it in
-    under 85%, at wider intervals. The power is not fitted to these counts alone: from run to run, a
-    config's median eager moved as its median reference to the power 0.64 (a least-squares slope,
-    which the reference's own noise pulls toward zero); and chosen from a grid on any
-    four of the five files, the best power is within 0.05 of the engine's, and holds the fifth file's
-    runs' median in >= 90% of runs, pooled over the five."""
+    of its config's runs in 143 of 154 runs (93%) at half-widths of 4.6% median and none above 20%,
+    with the engine's HOST_ELASTICITY; dividing eager by the reference outright (1.0) held it in 124
+    (81%) at 8.4%. Of 0.5-1.0, the engine's power holds the most (0.8 ties it). Nor is it fitted to
+    these counts alone: from run to run, a config's median eager moved as its median reference to the
+    power 0.64 (a least-squares slope, which the reference's own noise pulls toward zero); and chosen
+    on any four of the five files (a tie going to the engine's), the power is 0.75 or 0.8, and holds
+    the fifth file's runs' median in 142 of 154 runs, pooled over the five."""
     from replaybench import analysis
 
     hits, total, median_width, widest = pooled(REPEATED)
-    assert hits / total >= 0.9 and median_width <= 0.08 and widest <= 0.20
+    assert (hits, total) == (143, 154) and round(median_width, 3) == 0.046 and widest <= 0.20
     with monkeypatch.context() as m:
         m.setattr(analysis, "HOST_ELASTICITY", 1.0)
         outright = pooled(REPEATED)
-    assert outright[0] / outright[1] < 0.85 and outright[2] > median_width
+    assert outright[:2] == (124, 154) and round(outright[2], 3) == 0.084
 
     # From run to run, within each config: log median eager over every unit against log median reference.
     calibration, x, y = benchmark("interval_calibration"), [], []
@@ -376,7 +385,7 @@ def test_eager_moves_with_the_host_reference_to_a_power_below_one_and_the_engine
             x += list(np.subtract(ref, np.mean(ref)))
             y += list(np.subtract(eager, np.mean(eager)))
     slope = float(np.dot(x, y) / np.dot(x, x))
-    assert 0.55 < slope < 0.8 and abs(slope - analysis.HOST_ELASTICITY) < 0.15
+    assert round(slope, 2) == 0.64
 
     grid = [0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0]
     by_power = {}
@@ -384,42 +393,48 @@ def test_eager_moves_with_the_host_reference_to_a_power_below_one_and_the_engine
         with monkeypatch.context() as m:
             m.setattr(analysis, "HOST_ELASTICITY", power)
             by_power[power] = {name: holding(single_pass_runs(name), "normalised_speedup")[:2] for name in REPEATED}
+
+    def share(power, files):
+        counts = [by_power[power][name] for name in files]
+        return sum(c for c, _ in counts) / sum(round(c / s) for c, s in counts)
+
+    assert share(analysis.HOST_ELASTICITY, REPEATED) == max(share(power, REPEATED) for power in grid)
     held_out = [0, 0]
     for left_out in REPEATED:
-        def share(power):
-            counts = [by_power[power][name] for name in REPEATED if name != left_out]
-            return sum(c for c, _ in counts) / sum(round(c / s) for c, s in counts)
-        best = max(grid, key=share)
-        assert round(abs(best - analysis.HOST_ELASTICITY), 6) <= 0.05, left_out
+        rest = [name for name in REPEATED if name != left_out]
+        best = max(grid, key=lambda power: (share(power, rest), power == analysis.HOST_ELASTICITY))
+        assert best in (0.75, 0.8), left_out
         count, s = by_power[best][left_out]
         held_out = [held_out[0] + count, held_out[1] + round(count / s)]
-    assert held_out[0] / held_out[1] >= 0.9
+    assert held_out == [142, 154]
 
 
-def test_eager_at_standard_host_speed_moves_less_from_run_to_run_than_eager_over_the_reference(monkeypatch):
+def test_eager_at_standard_host_speed_moves_less_from_run_to_run_than_eager_over_the_reference():
     """What nightly verdicts judge eager on, from the raw units of every kept file of repeated runs:
     eager scaled to the standard host by the reference to the power HOST_ELASTICITY moved from run to
-    run less than eager divided by the reference outright in every file (median over configs of the
-    standard deviation of its log), and 1.4 times less or better over the five."""
-    from replaybench import analysis
+    run 1.4-4 times less than eager divided by the reference outright in every file (the standard
+    deviation of its log, median over configs), and the engine's power is within 5% of the steadiest
+    of 0.5-1.0 over the five files, where 0.5 and 0.6 are not."""
+    from replaybench.analysis import HOST_ELASTICITY
 
     calibration = benchmark("interval_calibration")
+    files = []
+    for name in REPEATED:
+        saved = [calibration.unpassed(run) for run in json.loads((DATA / name).read_text())["runs"]]
+        files.append([[calibration.row_units(row) for row in rows] for rows in zip(*calibration.passes_as_runs(saved))])
 
-    def run_to_run():
-        per_file = []
-        for name in REPEATED:
-            saved = [calibration.unpassed(run) for run in json.loads((DATA / name).read_text())["runs"]]
-            deviations = [np.std(np.log([figures(calibration.row_units(row), ["eager"]).normalised.value for row in rows]), ddof=1)
-                          for rows in zip(*calibration.passes_as_runs(saved))]
-            per_file.append(statistics.median(deviations))
-        return np.array(per_file)
+    def run_to_run(power):
+        return np.array([statistics.median(np.std(np.log([figures(units, ["eager"], elasticity=power).normalised.value
+                                                          for units in runs]), ddof=1) for runs in configs)
+                         for configs in files])
 
-    scaled = run_to_run()
-    with monkeypatch.context() as m:
-        m.setattr(analysis, "HOST_ELASTICITY", 1.0)
-        divided = run_to_run()
-    assert (scaled < divided).all()
-    assert np.median(divided / scaled) >= 1.4
+    by_power = {power: run_to_run(power) for power in (0.5, 0.6, 0.7, HOST_ELASTICITY, 0.8, 0.9, 1.0)}
+    ratio = by_power[1.0] / by_power[HOST_ELASTICITY]
+    assert ratio.min() >= 1.4 and ratio.max() <= 4
+    steadiness = {power: np.median(spread) for power, spread in by_power.items()}
+    best = min(steadiness.values())
+    assert steadiness[HOST_ELASTICITY] <= 1.05 * best
+    assert steadiness[0.5] > 1.5 * best and steadiness[0.6] > 1.5 * best
 
 
 def test_across_two_h100_vms_of_different_host_speeds_the_figures_with_the_host_speed_taken_out_agree(tmp_path):

@@ -187,27 +187,35 @@ def test_a_store_of_the_previous_schema_gets_its_figures_at_standard_host_speed_
     host-normalised speedups divided eager by the reference outright: opening it upgrades it, every
     eager row gets eager at standard host speed and every graph row its host-normalised speedup
     computed again from the units it stored, as the engine computes them now, so that old and new
-    nights compare; an acknowledged eager regression keeps its acknowledgement under the new name."""
+    nights compare; an acknowledged eager regression keeps its acknowledgement under the new name,
+    and the open regressions stored with the run are dropped (reports compute them again).
+    Downgrading gives back the figures the engine stored then."""
     from pathlib import Path
 
+    from alembic import command
+
     from replaybench.analysis import figures, stored_units
+    from replaybench.migrate import alembic_config
     from replaybench.verdicts import EAGER
 
     copy = tmp_path / "suite.db"
     copy.write_bytes((Path(__file__).resolve().parent.parent / "benchmarks/data/h100-default-suite-run-5.db").read_bytes())
     con = sqlite3.connect(copy)
     assert con.execute("select version_num from alembic_version").fetchone() == ("0008",)
-    before = {(key, mode): value for key, mode, value in con.execute(
-        "select params_key || workload, mode, coalesce(normalised_speedup, host_normalised) from results")}
+    query = "select params_key || workload, mode, coalesce(normalised_speedup, host_normalised) from results"
+    before = {(key, mode): value for key, mode, value in con.execute(query)}
     con.execute("insert into acknowledgements (workload, params_key, mode, metric, first_run_id, acknowledged_at) "
                 "values ('seed_mlp', '{}', 'eager', 'eager over the host reference', 1, '2026-12-07 00:00:00')")
+    con.execute("""update runs set open_regressions = '[{"metric": "eager over the host reference"}]'""")
     con.commit()
     con.close()
     assert len(before) == 38 and all(before.values())
 
     store = Store(f"sqlite:///{copy}")
+    run = store.run(1)
+    assert run.open_regressions is None
     configs: dict = {}
-    for r in store.run(1).results:
+    for r in run.results:
         configs.setdefault(r.params_key + r.workload, {})[r.mode] = r
     moved = []
     for key, modes in configs.items():
@@ -223,6 +231,14 @@ def test_a_store_of_the_previous_schema_gets_its_figures_at_standard_host_speed_
         assert 0.5 < eager.host_normalised / eager.throughput_s < 2
         moved.append(abs(graph.normalised_speedup / before[key, "graph"] - 1))
     assert min(moved) > 0.01  # each was stored by the old definition, and is not any more
-    store.engine.dispose()
     con = sqlite3.connect(copy)
     assert con.execute("select metric from acknowledgements").fetchall() == [(EAGER.name,)]
+    con.close()
+
+    command.downgrade(alembic_config(store.engine), "0008")
+    store.engine.dispose()
+    con = sqlite3.connect(copy)
+    after = {(key, mode): value for key, mode, value in con.execute(query)}
+    assert after.keys() == before.keys()
+    assert all(after[k] == pytest.approx(before[k], rel=1e-9) for k in before)
+    assert con.execute("select metric from acknowledgements").fetchall() == [("eager over the host reference",)]
