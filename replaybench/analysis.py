@@ -35,11 +35,11 @@ STANDARD_REFERENCE_S = 0.4e-3
 # How far eager moves with the reference: when the whole host runs slower, eager's time grows as the
 # reference's to this power, not in proportion (the reference, a loop of tiny CPU tensor ops, slows
 # more). Over the kept repeated runs of benchmarks/data (an H200 VM and four H100 VMs), with 0.75 the
-# host-normalised speedup's interval held the median of the runs in 143 of 154 (93%) at a median
-# half-width of 4.6% (0.8 as many), where dividing by the reference outright (1.0) held it in 124 (81%) at 8.4%;
-# chosen on any four of the files, the power is 0.75 or 0.8; and eager so scaled moved from run to
-# run 1.4-4 times less than eager over the reference (tests/test_intervals_h200.py, README
-# "Passes").
+# host-normalised speedup's interval held the median of the runs in 143 of 154 (93%; 0.8 as many)
+# at a median half-width of 4.6%, where dividing by the reference outright (1.0) held it in 124
+# (81%) at 8.4%; chosen on any four of the files, the power is 0.75 or 0.8; and eager so scaled
+# moved from run to run 1.4-4 times less than eager over the reference (tests/test_intervals_h200.py,
+# README "Passes").
 HOST_ELASTICITY = 0.75
 
 
@@ -155,8 +155,7 @@ def figures(units: list[Units], modes: list[str], base: float | None = None, gpu
 
 def host_normalised_speedup(units: list[Units], mode: str, elasticity: float | None = None) -> Estimate | None:
     """The speedup with the host's speed taken out: per process, the median over every unit of eager
-    at the standard host speed (eager times (STANDARD_REFERENCE_S over the geometric mean of the
-    reference blocks around it) to the power HOST_ELASTICITY), over the process's median ``mode``
+    at the standard host speed (``Units.at_standard_host``), over the process's median ``mode``
     block; the typical process's figure (``typical``). Eager moves with the host's speed and the
     reference with it; ``mode``, paced by the GPU, does not. So where the whole host runs at another
     speed for minutes, which moves the speedup from run to run and which no interval over one run's

@@ -347,12 +347,9 @@ def pooled(files, metric="normalised_speedup"):
     every run."""
     hits, widths = [], []
     for name in files:
-        saved = single_pass_runs(name)
-        for i in range(len(saved[0])):
-            values = [run[i]["metrics"][metric] for run in saved if metric in run[i]["metrics"]]
-            center = statistics.median(v for v, _, _ in values)
-            hits += [lo <= center <= hi for _, lo, hi in values]
-            widths += [(hi - lo) / 2 / v for v, lo, hi in values]
+        file_hits, file_widths = held(single_pass_runs(name), metric)
+        hits += file_hits
+        widths += file_widths
     return sum(hits), len(hits), statistics.median(widths), max(widths)
 
 
@@ -392,11 +389,11 @@ def test_eager_moves_with_the_host_reference_to_a_power_below_one_and_the_engine
     for power in grid:
         with monkeypatch.context() as m:
             m.setattr(analysis, "HOST_ELASTICITY", power)
-            by_power[power] = {name: holding(single_pass_runs(name), "normalised_speedup")[:2] for name in REPEATED}
+            by_power[power] = {name: held(single_pass_runs(name), "normalised_speedup")[0] for name in REPEATED}
 
     def share(power, files):
-        counts = [by_power[power][name] for name in files]
-        return sum(c for c, _ in counts) / sum(round(c / s) for c, s in counts)
+        hits = [hit for name in files for hit in by_power[power][name]]
+        return sum(hits) / len(hits)
 
     assert share(analysis.HOST_ELASTICITY, REPEATED) == max(share(power, REPEATED) for power in grid)
     held_out = [0, 0]
@@ -404,8 +401,8 @@ def test_eager_moves_with_the_host_reference_to_a_power_below_one_and_the_engine
         rest = [name for name in REPEATED if name != left_out]
         best = max(grid, key=lambda power: (share(power, rest), power == analysis.HOST_ELASTICITY))
         assert best in (0.75, 0.8), left_out
-        count, s = by_power[best][left_out]
-        held_out = [held_out[0] + count, held_out[1] + round(count / s)]
+        hits = by_power[best][left_out]
+        held_out = [held_out[0] + sum(hits), held_out[1] + len(hits)]
     assert held_out == [142, 154]
 
 
@@ -471,15 +468,21 @@ def single_pass_runs(name):
     return [calibration.as_run(run) for run in calibration.passes_as_runs(saved)]
 
 
-def holding(saved, metric):
-    """Over the runs' configs: how many intervals of ``metric`` hold the median of the runs' points
-    of their config, that share, and the median and largest relative half-width."""
+def held(saved, metric):
+    """Over the runs' configs, per run that made ``metric``: whether its interval holds the median of
+    the runs' points of its config, and its relative half-width."""
     hits, widths = [], []
     for i in range(len(saved[0])):
         values = [run[i]["metrics"][metric] for run in saved if metric in run[i]["metrics"]]
         center = statistics.median(v for v, _, _ in values)
         hits += [lo <= center <= hi for _, lo, hi in values]
         widths += [(hi - lo) / 2 / v for v, lo, hi in values]
+    return hits, widths
+
+
+def holding(saved, metric):
+    """``held`` summed up: how many intervals hold, that share, and the median and largest half-width."""
+    hits, widths = held(saved, metric)
     return sum(hits), np.mean(hits), statistics.median(widths), max(widths)
 
 
