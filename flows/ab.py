@@ -11,18 +11,17 @@ from __future__ import annotations
 from typing import Literal
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from flows.benchmark import end_run, finished, gpu_label, gpu_lock, progress, refuse_when_stopping
+from flows.benchmark import end_run, gpu_label, gpu_lock, progress, publish, refuse_when_stopping
 from flows.supervise import check_stop
 from replaybench.ab import ABPool, ABResult
 from replaybench.health import host_facts
 from replaybench.limits import CapReached, MeasuringCap
 from replaybench.params import ABParameters
-from replaybench.report import check_writable, reports_dir, write_report
+from replaybench.report import check_writable, reports_dir
 from replaybench.results import MeasureSettings
 from replaybench.storage import Store
 from replaybench.unstored import store_result
@@ -108,8 +107,5 @@ def ab(parameters: ABFlowParameters) -> int:
             return cancelled
         raise
     status = store.finish_run(run_id, error=error)
-    path, markdown = write_report(store, run_id, directory)
-    finished(run_id)
-    create_markdown_artifact(markdown=markdown, key="replaybench-ab", description=f"replaybench A/B run {run_id}")
-    logger.info("run %d %s; report: %s", run_id, status.replace("_", " "), path)
+    publish(store, run_id, status, directory, "replaybench-ab", "replaybench A/B run")
     return run_id

@@ -73,9 +73,14 @@ interrupt_hook: Callable[[str], None] | None = None
 finished_hook: Callable[[int], None] | None = None
 
 
-def finished(run_id: int) -> None:
+def publish(store: Store, run_id: int, status: str, directory, key: str, title: str) -> None:
+    """Write the finished run's report, tell the CLI it is stored, and show the report as the flow
+    run's artifact."""
+    path, markdown = write_report(store, run_id, directory)
     if finished_hook:
         finished_hook(run_id)
+    create_markdown_artifact(markdown=markdown, key=key, description=f"{title} {run_id}")
+    get_run_logger().info("run %d %s; report: %s", run_id, status.replace("_", " "), path)
 
 
 def interruption(exc: BaseException) -> str | None:
@@ -265,10 +270,7 @@ def benchmark(
     status = store.finish_run(run_id, error=error)
     if error is None:
         alert(store, run_id, store_verdicts(store, run_id))
-    path, markdown = write_report(store, run_id, directory)
-    finished(run_id)
-    create_markdown_artifact(markdown=markdown, key="replaybench-report", description=f"replaybench run {run_id}")
-    logger.info("run %d %s; report: %s", run_id, status.replace("_", " "), path)
+    publish(store, run_id, status, directory, "replaybench-report", "replaybench run")
     return run_id
 
 

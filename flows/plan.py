@@ -12,17 +12,16 @@ import os
 from typing import Literal
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from flows.benchmark import end_run, finished, gpu_lock, refuse_when_stopping
+from flows.benchmark import end_run, gpu_lock, publish, refuse_when_stopping
 from flows.supervise import check_stop
 from replaybench.health import host_facts
 from replaybench.params import PlanParameters, max_run_s
 from replaybench.plan import Traffic
 from replaybench.planning import PlanFailed, make_plan, resolve_traffic
-from replaybench.report import check_writable, reports_dir, write_report
+from replaybench.report import check_writable, reports_dir
 from replaybench.storage import Store
 from replaybench.unstored import store_plan
 from replaybench.worker import MeasuringProcess, gpu_slot, measuring_cores
@@ -73,10 +72,7 @@ def plan(parameters: PlanFlowParameters = PlanFlowParameters()) -> int:
             return cancelled
         raise
     status = store.finish_run(run_id, error=error)
-    path, markdown = write_report(store, run_id, directory)
-    finished(run_id)
-    create_markdown_artifact(markdown=markdown, key="replaybench-plan", description=f"replaybench capture plan, run {run_id}")
-    logger.info("run %d %s; report: %s", run_id, status.replace("_", " "), path)
+    publish(store, run_id, status, directory, "replaybench-plan", "replaybench capture plan, run")
     return run_id
 
 
