@@ -634,16 +634,21 @@ def _check_worker_settings() -> None:
         raise UsageError(str(exc)) from None
 
 
-def cmd_serve(args) -> int:
-    from flows.deployments import NIGHTLY_CRON, TIMEZONE
-    from flows.orchestration import serve
-    from flows.supervise import supervise
-
+def _ready_to_run_flows(args) -> None:
+    """What `serve` and `worker` check and set up before they start anything."""
     _check_worker_settings()
     check_writable(reports_dir(args.reports), create=False)  # before anything is written or started
     _store(args)
     check_writable(reports_dir(args.reports))
     _settings_to_environment(args)
+
+
+def cmd_serve(args) -> int:
+    from flows.deployments import NIGHTLY_CRON, TIMEZONE
+    from flows.orchestration import serve
+    from flows.supervise import supervise
+
+    _ready_to_run_flows(args)
     if not args.supervised:  # the runner in a process of its own, stopped cleanly (flows/supervise.py)
         child = ["serve", "--gpu", args.gpu, "--supervised", *(["--cron", args.cron] if args.cron else []),
                  *(["--timezone", args.timezone] if args.timezone else [])]
@@ -665,11 +670,7 @@ def cmd_worker(args) -> int:
     from flows.orchestration import worker_command
     from flows.supervise import supervise
 
-    _check_worker_settings()
-    check_writable(reports_dir(args.reports), create=False)  # before anything is written or started
-    _store(args)
-    check_writable(reports_dir(args.reports))
-    _settings_to_environment(args)
+    _ready_to_run_flows(args)
     return supervise(worker_command(args.pool, args.gpu, args.device), "worker", now=args.now)
 
 

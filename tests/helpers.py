@@ -43,6 +43,26 @@ def known_result(workload="seed_mlp", eager_us=45.0, graph_us=6.5, reason=None):
                         modes=modes, cpu_core=3, host=HostReference(base_s=0.01, share_disturbed=0.25, slowest=2.0))
 
 
+def two_runs_one_slowed(store, env: dict) -> tuple[int, int]:
+    """Two finished nightly runs of seed_mlp and deep_mlp; the second's deep_mlp is a third slower,
+    eager and graph alike, with its GPU time unchanged."""
+    first = store.create_run("nightly", {}, env)
+    for w in ("seed_mlp", "deep_mlp"):
+        store.add_result(first, known_result(workload=w, eager_us=45.0, graph_us=6.5))
+    store.finish_run(first)
+    second = store.create_run("nightly", {}, env)
+    store.add_result(second, known_result(workload="seed_mlp", eager_us=45.0, graph_us=6.5))
+    store.add_result(second, known_result(workload="deep_mlp", eager_us=60.0, graph_us=9.0))
+    store.finish_run(second)
+    return first, second
+
+
+# What compare_runs reads between those two runs.
+SLOWED_VERDICTS = {("seed_mlp", "eager", "eager throughput"): "SAME", ("seed_mlp", "graph", "throughput"): "SAME",
+                   ("seed_mlp", "graph", "GPU time"): "SAME", ("deep_mlp", "eager", "eager throughput"): "SLOWER",
+                   ("deep_mlp", "graph", "throughput"): "SLOWER", ("deep_mlp", "graph", "GPU time"): "SAME"}
+
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 

@@ -187,20 +187,12 @@ def test_failures_make_the_run_completed_with_failures(open_store):
 def test_two_runs_mark_exactly_the_slowed_workload_slower(open_store):
     from replaybench.verdicts import compare_runs
 
-    store = open_store()
-    first = store.create_run("nightly", {}, ENV)
-    for w in ("seed_mlp", "deep_mlp"):
-        store.add_result(first, known_result(workload=w, eager_us=45.0, graph_us=6.5))
-    store.finish_run(first)
-    second = store.create_run("nightly", {}, ENV)
-    store.add_result(second, known_result(workload="seed_mlp", eager_us=45.0, graph_us=6.5))
-    store.add_result(second, known_result(workload="deep_mlp", eager_us=60.0, graph_us=9.0))  # deliberately slowed
-    store.finish_run(second)
+    from .helpers import SLOWED_VERDICTS, two_runs_one_slowed
 
+    store = open_store()
+    first, second = two_runs_one_slowed(store, ENV)
     verdicts = {(r["workload"], r["mode"], r["figure"]): r["verdict"] for r in compare_runs(store, first, second)}
-    assert verdicts == {("seed_mlp", "eager", "eager throughput"): "SAME", ("seed_mlp", "graph", "throughput"): "SAME",
-                        ("seed_mlp", "graph", "GPU time"): "SAME", ("deep_mlp", "eager", "eager throughput"): "SLOWER",
-                        ("deep_mlp", "graph", "throughput"): "SLOWER", ("deep_mlp", "graph", "GPU time"): "SAME"}
+    assert verdicts == SLOWED_VERDICTS
 
 
 def writer(url: str, run_id: int, result, seconds: float, queue, start) -> None:

@@ -5,7 +5,7 @@ import pytest
 from replaybench.report import md_cell, write_report
 from replaybench.storage import Store
 
-from .helpers import known_result
+from .helpers import SLOWED_VERDICTS, known_result, two_runs_one_slowed
 
 
 def table_rows(markdown: str, first_cell: str):
@@ -93,19 +93,9 @@ def test_two_runs_mark_exactly_the_slowed_workload_slower(db_url, tmp_path):
 
     env = {"torch": "2.11.0", "gpu_name": "NVIDIA H200", "gpu_driver": "580", "cuda": "13.0", "python": "3.12"}
     store = Store(db_url)
-    first = store.create_run("nightly", {}, env)
-    for w in ("seed_mlp", "deep_mlp"):
-        store.add_result(first, known_result(workload=w, eager_us=45.0, graph_us=6.5))
-    store.finish_run(first)
-    second = store.create_run("nightly", {}, env)
-    store.add_result(second, known_result(workload="seed_mlp", eager_us=45.0, graph_us=6.5))
-    store.add_result(second, known_result(workload="deep_mlp", eager_us=60.0, graph_us=9.0))  # deliberately slowed
-    store.finish_run(second)
-
+    first, second = two_runs_one_slowed(store, env)
     verdicts = {(r["workload"], r["mode"], r["figure"]): r["verdict"] for r in compare_runs(store, first, second)}
-    assert verdicts == {("seed_mlp", "eager", "eager throughput"): "SAME", ("seed_mlp", "graph", "throughput"): "SAME",
-                        ("seed_mlp", "graph", "GPU time"): "SAME", ("deep_mlp", "eager", "eager throughput"): "SLOWER",
-                        ("deep_mlp", "graph", "throughput"): "SLOWER", ("deep_mlp", "graph", "GPU time"): "SAME"}
+    assert verdicts == SLOWED_VERDICTS
 
     _, text = write_report(store, second, tmp_path, baseline=first)
     assert "Against the pinned baseline, run 1: **2 slower**, 0 faster, 2 same" in text
