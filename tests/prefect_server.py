@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 
@@ -26,6 +27,15 @@ def free_port() -> int:
 # For a test that deploys the nightly flow but starts its runs itself: the server's scheduler would
 # otherwise start the real 02:00 UTC nightly in the middle of a test that runs across it.
 NO_SCHEDULER = {"PREFECT_SERVER_SERVICES_SCHEDULER_ENABLED": "false"}
+
+
+def served_env(api: str, home, work=None, **more: str) -> dict:
+    """The environment of a replaybench command that talks to the server at ``api``; with ``work``,
+    its store and reports are kept there."""
+    env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if work is not None:
+        env |= {"REPLAYBENCH_DB_URL": f"sqlite:///{Path(work) / 'replaybench.db'}", "REPLAYBENCH_REPORTS_DIR": str(Path(work) / "reports")}
+    return env | more
 
 
 @contextmanager

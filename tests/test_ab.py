@@ -20,7 +20,7 @@ from replaybench.variants import VariantError, load_variants, pick
 from replaybench.workload import load_registry
 
 from .helpers import BENCHMARKS, benchmark
-from .prefect_server import background, prefect_server
+from .prefect_server import background, prefect_server, served_env
 
 MODES = ["eager", "graph"]
 ab_noise, ab_check = benchmark("ab_noise"), benchmark("ab_check")
@@ -363,9 +363,7 @@ def test_the_ab_deployment_runs_declared_variants_and_refuses_others(variants, t
     home = tmp_path / "prefect"
     home.mkdir()
     with prefect_server(home) as api:
-        env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "REPLAYBENCH_DB_URL": f"sqlite:///{tmp_path / 'replaybench.db'}",
-               "REPLAYBENCH_REPORTS_DIR": str(tmp_path / "reports"), "REPLAYBENCH_VARIANTS": str(file)}
+        env = served_env(api, home, tmp_path, REPLAYBENCH_VARIANTS=str(file))
         args = [sys.executable, "-m", "replaybench.cli", "serve", "--gpu", "0"]
         with background(args, env, tmp_path / "serve.log") as proc, temporary_settings({PREFECT_API_URL: api}):
             with get_client(sync_client=True) as client:

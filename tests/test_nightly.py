@@ -4,7 +4,6 @@ the same-night confirmation, the Prefect event, open regressions and their ackno
 run left running resolved from its flow run's state. CPU only, as in CI."""
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -16,7 +15,7 @@ import pytest
 
 from replaybench.storage import Store
 
-from .prefect_server import prefect_server
+from .prefect_server import prefect_server, served_env
 from .test_cli import SMALL_MLP
 
 pytestmark = pytest.mark.slow
@@ -59,8 +58,7 @@ def nights(tmp_path_factory):
     hook = HTTPServer(("127.0.0.1", 0), Webhook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
     with prefect_server(home) as api:
-        env = {**os.environ, "PREFECT_API_URL": api, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "REPLAYBENCH_WORKLOADS_PATH": str(work / "user_workloads")}
+        env = served_env(api, home, REPLAYBENCH_WORKLOADS_PATH=str(work / "user_workloads"))
         env.pop("SLOW_IT", None)
         for night in range(STEADY_NIGHTS):
             out = replaybench(*RUN, cwd=work, env=env)

@@ -1,7 +1,6 @@
 """End to end against a real `prefect server`: serve, ad-hoc runs through the API, the schedule,
 the per-GPU concurrency limit. CPU only, as in CI."""
 
-import os
 import sys
 import time
 from datetime import datetime
@@ -13,7 +12,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from replaybench.storage import Store
 
-from .prefect_server import background, prefect_server
+from .prefect_server import background, prefect_server, served_env
 
 pytestmark = pytest.mark.slow
 
@@ -23,14 +22,7 @@ def served(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect")
     work = tmp_path_factory.mktemp("work")
     with prefect_server(home) as api:
-        env = {
-            **os.environ,
-            "PREFECT_API_URL": api,
-            "PREFECT_HOME": str(home),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "REPLAYBENCH_DB_URL": f"sqlite:///{work / 'replaybench.db'}",
-            "REPLAYBENCH_REPORTS_DIR": str(work / "reports"),
-        }
+        env = served_env(api, home, work)
         args = [sys.executable, "-m", "replaybench.cli", "serve", "--cron", "0 2 * * *", "--timezone", "Europe/Berlin", "--gpu", "0"]
         # Settings, not os.environ: an earlier test's Prefect context must not redirect this client.
         with background(args, env, work / "serve.log") as proc, temporary_settings({PREFECT_API_URL: api}):
@@ -77,16 +69,18 @@ def test_adhoc_run_through_the_api_completes_with_database_report_and_artifact(s
 
 
 @pytest.mark.parametrize(
-    "parameters",
-    [{"batch_sizes": [0]}, {"workloads": ["os.system"]}, {"precision": 5}, {"modes": ["turbo"]}],
+    "deployment, parameters",
+    [("replaybench/adhoc", p) for p in ({"batch_sizes": [0]}, {"workloads": ["os.system"]}, {"precision": 5}, {"modes": ["turbo"]})]
+    + [("replaybench-plan/plan", p) for p in ({"workload": "os.system"}, {"memory_budget_mib": -1}, {"calls": 10},
+                                              {"traffic": "1:1," * 1200}, {"candidates": "1" * 1001})],
 )
-def test_the_server_refuses_out_of_range_parameters(served, parameters):
+def test_the_server_refuses_out_of_range_parameters(served, deployment, parameters):
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("replaybench/adhoc")
+        deployment_id = client.read_deployment_by_name(deployment).id
         with pytest.raises(Exception, match="(?i)validation|invalid|422|409"):
-            client.create_flow_run_from_deployment(deployment.id, parameters={"parameters": parameters})
+            client.create_flow_run_from_deployment(deployment_id, parameters={"parameters": parameters})
 
 
 def test_an_adhoc_run_cannot_label_itself_nightly(served):
@@ -140,19 +134,6 @@ def test_nightly_is_scheduled_at_two_in_the_configured_timezone(served):
         local = first.astimezone(ZoneInfo("Europe/Berlin"))
         assert (local.hour, local.minute) == (2, 0)
         assert first > datetime.now(ZoneInfo("UTC"))
-
-
-@pytest.mark.parametrize(
-    "parameters",
-    [{"workload": "os.system"}, {"memory_budget_mib": -1}, {"calls": 10}, {"traffic": "1:1," * 1200}, {"candidates": "1" * 1001}],
-)
-def test_the_plan_form_refuses_out_of_range_parameters(served, parameters):
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("replaybench-plan/plan")
-        with pytest.raises(Exception, match="(?i)validation|invalid|422|409"):
-            client.create_flow_run_from_deployment(deployment.id, parameters={"parameters": parameters})
 
 
 def test_a_plan_with_a_bad_traffic_fails_before_anything_is_stored(served):

@@ -10,7 +10,7 @@ import pytest
 
 from replaybench.storage import Store
 
-from .prefect_server import NO_SCHEDULER, background, prefect_server
+from .prefect_server import NO_SCHEDULER, background, prefect_server, served_env
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -23,15 +23,7 @@ def test_a_sharded_nightly_run_spreads_over_two_workers_and_reports_once(tmp_pat
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     with prefect_server(tmp_path, NO_SCHEDULER) as api:
-        env = {
-            **os.environ,
-            "PREFECT_API_URL": api,
-            "PREFECT_HOME": str(tmp_path),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "REPLAYBENCH_HOME": str(REPO),
-            "REPLAYBENCH_DB_URL": f"sqlite:///{tmp_path / 'replaybench.db'}",
-            "REPLAYBENCH_REPORTS_DIR": str(tmp_path / "reports"),
-        }
+        env = served_env(api, tmp_path, tmp_path, REPLAYBENCH_HOME=str(REPO))
         setup = subprocess.run([sys.executable, "-m", "replaybench.cli", "setup", "--pool", "gpu", "--gpus", "0,1"],
                                env=env, capture_output=True, text=True, timeout=120)
         assert setup.returncode == 0, setup.stderr

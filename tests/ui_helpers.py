@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from .prefect_server import background, prefect_server
+from .prefect_server import background, prefect_server, served_env
 
 # Chromium on a closed network: without the background-networking flags it floods refused connections.
 BROWSER_ARGS = [
@@ -51,14 +51,7 @@ def served_for_ui(home: Path, work: Path, timeout_s: float = 180):
     The server's UI asks `/ui-settings` where the API is; by default that is PREFECT_API_URL or
     127.0.0.1:4200, not the port the server was started on, so the UI is told a relative `/api`."""
     with prefect_server(home, {"PREFECT_UI_API_URL": "/api"}) as api:
-        env = {
-            **os.environ,
-            "PREFECT_API_URL": api,
-            "PREFECT_HOME": str(home),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "REPLAYBENCH_DB_URL": f"sqlite:///{work / 'replaybench.db'}",
-            "REPLAYBENCH_REPORTS_DIR": str(work / "reports"),
-        }
+        env = served_env(api, home, work)
         args = [sys.executable, "-m", "replaybench.cli", "serve", "--gpu", "0"]
         with background(args, env, work / "serve.log") as proc:
             deadline = time.monotonic() + timeout_s
