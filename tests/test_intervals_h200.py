@@ -337,7 +337,8 @@ def test_a_single_runs_speedup_with_the_host_speed_taken_out_holds_across_runs_w
     """Repeated runs on an H200 VM and five H100 VMs (one of them in 1.5-s passes, each read as a run):
     over its processes, the engine's host-normalised speedup held the median of the runs in >= 80% of
     each file's runs (>= 90% pooled, below) at a median half-width <= 8% (none above 20%), where the
-    speedup's interval held it in under 65%."""
+    speedup's interval held it in under 65%. (The first five files held >= 86%; the sixth, measured
+    after HOST_ELASTICITY was chosen, 83%.)"""
     runs, held, made = REPEATED[name]
     saved = single_pass_runs(name)
     assert len(saved) == runs
@@ -363,12 +364,10 @@ def test_eager_moves_with_the_host_reference_to_a_power_below_one_and_the_engine
     of its config's runs in 168 of 184 runs (91%) at half-widths of 4.5% median and none above 20%,
     with the engine's HOST_ELASTICITY; dividing eager by the reference outright (1.0) held it in 151
     (82%) at 8.7%. Of 0.5-1.0, the engine's power holds the most (0.8 ties it). Nor is it fitted to
-    these counts alone: it was chosen on the first five files, and held the sixth's
-    (h100-calibration-5.json, measured afterwards) in 25 of 30; from run to run, a config's median
-    eager moved as its median reference to the power 0.63 (a least-squares slope, which the
-    reference's own noise pulls toward zero); and chosen on any five of the six files (a tie going to
-    the engine's), the power is 0.75 or 0.8, and holds the sixth file's runs' median in 167 of 184
-    runs, pooled over the six."""
+    these counts alone: from run to run, a config's median eager moved as its median reference to
+    the power 0.63 (a least-squares slope, which the reference's own noise pulls toward zero); and
+    chosen on any five of the six files (a tie going to the engine's), the power is 0.75 or 0.8, and
+    holds the left-out file's runs' median in 167 of 184 runs, pooled over the six folds."""
     from replaybench import analysis
 
     hits, total, median_width, widest = pooled(REPEATED)
@@ -403,6 +402,7 @@ def test_eager_moves_with_the_host_reference_to_a_power_below_one_and_the_engine
         return sum(hits) / len(hits)
 
     assert share(analysis.HOST_ELASTICITY, REPEATED) == max(share(power, REPEATED) for power in grid)
+    assert share(0.8, REPEATED) == share(analysis.HOST_ELASTICITY, REPEATED)
     held_out = [0, 0]
     for left_out in REPEATED:
         rest = [name for name in REPEATED if name != left_out]
@@ -418,13 +418,15 @@ def test_the_runs_that_miss_are_spread_over_configs_as_chance_spreads_them():
     misses at the pooled rate (16 of 184), falling on runs independently, leave (22.8 expected): no
     config's interval misses for a reason of its own. A 95% interval held in every one of five runs
     is itself a 77% event."""
+    hits, runs = pooled(REPEATED)[:2]
+    assert (hits, runs) == (168, 184)
     clean, expected = 0, 0.0
     for name in REPEATED:
         saved = single_pass_runs(name)
         for i in range(len(saved[0])):
-            hits = held([[run[i]] for run in saved], "normalised_speedup")[0]
-            clean += all(hits)
-            expected += (168 / 184) ** len(hits)
+            held_here = held([[run[i]] for run in saved], "normalised_speedup")[0]
+            clean += all(held_here)
+            expected += (hits / runs) ** len(held_here)
     assert clean == 23 and abs(clean - expected) < 1
 
 
