@@ -59,6 +59,17 @@ def _size(text: str) -> tuple[str, list]:
     return key, [parse(v) for v in values.split(",")]
 
 
+def _count(text: str) -> int:
+    """A whole number of at least 1 (a negative SQL limit would list everything)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {n}")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replaybench", description="Does CUDA Graph capture pay off for this model?")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -71,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
 
     def selection(p, budget: str, processes: str):
         p.add_argument("-w", "--workload", action="append", default=[], metavar="NAME", help="repeat for several; default: all")
-        p.add_argument("-b", "--batch-size", action="append", default=[], type=int, metavar="N")
+        p.add_argument("-b", "--batch-size", action="append", default=[], type=int, metavar="N",
+                       help="repeat for several; default: the grid's")
         p.add_argument("--dtype", action="append", default=[], metavar="DTYPE", help=", ".join(DTYPES))
         p.add_argument("--mode", action="append", default=[], metavar="MODE", help=", ".join(MODES) + " (default: eager, graph)")
         p.add_argument("--set", action="append", default=[], type=_size, metavar="KEY=V1,V2", help="narrow another grid key")
@@ -85,7 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     selection(run, "at most; from half of it on, rounds stop once every interval is within 4x the precision; default 6", "measuring processes per GPU, each config timed in all (default 6)")
     run.add_argument("--confirm-limit", type=int, metavar="N",
                      help="configs measured twice more the same night when they look off (default 5; 0: never)")
-    run.add_argument("--trigger", choices=("cli", "adhoc", "nightly"), default="cli")
+    run.add_argument("--trigger", choices=("cli", "adhoc", "nightly"), default="cli",
+                     help="what the run is stored as; nightly runs are the history that verdicts judge against")
     common(run)
 
     ab = sub.add_parser("ab", help="measure two variants of the code under test side by side: B against A, per config")
@@ -120,18 +133,18 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--baseline", type=int, metavar="RUN", help="judge against this pinned run instead of the history")
 
     runs = sub.add_parser("runs", help="list stored runs")
-    runs.add_argument("--limit", type=int, default=20)
-    runs.add_argument("--format", choices=("table", "json"), default="table")
+    runs.add_argument("--limit", type=_count, default=20, metavar="N", help="the newest this many (default 20)")
+    runs.add_argument("--format", choices=("table", "json"), default="table", help="default table")
     common(runs, report=False)
 
     compare = sub.add_parser("compare", help="compare run B against run A, with verdicts; or an A/B run's B against its A")
-    compare.add_argument("base", type=int, metavar="A")
-    compare.add_argument("run", type=int, metavar="B", nargs="?")
-    compare.add_argument("--format", choices=("table", "markdown", "json"), default="table")
+    compare.add_argument("base", type=int, metavar="A", help="the baseline run's id; alone: an A/B run's id")
+    compare.add_argument("run", type=int, metavar="B", nargs="?", help="the run compared against A")
+    compare.add_argument("--format", choices=("table", "markdown", "json"), default="table", help="default table")
     common(compare, report=False)
 
     regressions = sub.add_parser("regressions", help="list open regressions: slower levels that still hold, not acknowledged")
-    regressions.add_argument("--format", choices=("table", "json"), default="table")
+    regressions.add_argument("--format", choices=("table", "json"), default="table", help="default table")
     common(regressions, report=False)
 
     ack = sub.add_parser("ack", help="acknowledge an open regression, so that reports stop listing it")
@@ -156,11 +169,11 @@ def _parser() -> argparse.ArgumentParser:
     common(serve)
 
     setup = sub.add_parser("setup", help="create the work pool and one concurrency limit per GPU (idempotent)")
-    setup.add_argument("--pool", default="gpu")
+    setup.add_argument("--pool", default="gpu", help="work pool name (default gpu)")
     setup.add_argument("--gpus", default="0", help="comma-separated GPU indices of this host (empty: the pool only)")
 
     worker = sub.add_parser("worker", help="start a Prefect process worker pinned to one GPU")
-    worker.add_argument("--pool", default="gpu")
+    worker.add_argument("--pool", default="gpu", help="work pool to poll (default gpu)")
     worker.add_argument("--gpu", required=True,
                         help="GPU index on this host: names its concurrency limit and queue (with $REPLAYBENCH_HOST, "
                              "else the hostname) and picks the measuring processes' cores")

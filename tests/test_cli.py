@@ -1,5 +1,6 @@
 """The replaybench command as a user runs it (subprocesses, real files)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -162,6 +163,18 @@ def test_report_prints_a_stored_run(tmp_path):
     assert out.stdout == (tmp_path / "reports" / "latest.md").read_text()
     missing = replaybench("report", "99", cwd=tmp_path)
     assert missing.returncode == 2 and "no run with id 99" in missing.stderr
+
+
+def test_runs_lists_the_newest_and_refuses_a_limit_below_one(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
+    ids = [store.create_run("cli", {}) for _ in range(3)]
+    out = replaybench("runs", "--limit", "2", "--format", "json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert [r["id"] for r in json.loads(out.stdout)] == ids[:0:-1]
+    for limit, message in (("-3", "expected 1 or more, got -3"), ("0", "expected 1 or more, got 0"),
+                           ("two", "expected a whole number, got 'two'")):
+        refused = replaybench("runs", "--limit", limit, cwd=tmp_path)
+        assert refused.returncode == 2 and refused.stderr.rstrip().endswith(f"argument --limit: {message}"), refused.stderr
 
 
 def test_workloads_lists_the_registry(tmp_path):
