@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections import Counter
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,13 +38,18 @@ def reports_dir(path: str | os.PathLike | None = None) -> Path:
 
 def check_writable(directory: Path, create: bool = True) -> Path:
     """Prove a report can be written in ``directory``. With ``create`` false nothing is made on
-    disk: the nearest existing ancestor must be a writable directory."""
+    disk: the nearest existing ancestor must be a directory one can make a directory in (tried, and
+    removed again: permission bits alone pass anything for root, even /proc)."""
     if not create:
         existing = directory.absolute()
         while not existing.exists():
             existing = existing.parent
-        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-            raise ReportError(f"report directory {str(directory)!r} is not writable: {existing} is not a writable directory")
+        try:
+            if not existing.is_dir():
+                raise NotADirectoryError
+            tempfile.TemporaryDirectory(dir=existing, prefix=".probe-").cleanup()
+        except OSError:
+            raise ReportError(f"report directory {str(directory)!r} is not writable: {existing} is not a writable directory") from None
         return directory
     try:
         directory.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ def replaybench(*args, cwd, env=None):
         (["--db", "sqlite:////no/such/dir/r.db"], "directory /no/such/dir does not exist"),
         (["--db", "::nonsense::"], "malformed database URL"),
         (["--reports", "a_file/reports"], "report directory 'a_file/reports' is not writable"),
+        (["--reports", "/proc/reports"], "report directory '/proc/reports' is not writable"),  # even for root
         (["--set", "width=abc"], "seed_mlp: width='abc' is not one of its values (128, 512)"),
         (["-w", "rnn_unrolled", "--set", "steps=10000000"], "rnn_unrolled: steps=10000000 is not one of its values"),
         (["--db", "postgres ql://u:pw@h/x"], "malformed database URL 'postgres ql://u:***@h/x'"),
