@@ -57,7 +57,9 @@ from replaybench.stats import typical, undisturbed_base  # noqa: E402
 from replaybench.worker import MeasuringPool  # noqa: E402
 from replaybench.workload import BenchConfig, load_registry  # noqa: E402
 
-NOISY = [  # the six configs with the widest speedup intervals in the H200 run of shared/data
+# The six configs with the widest speedup intervals in the previous engine's H200 run
+# (benchmarks/data/h200-previous-engine-suite.db).
+NOISY = [
     ("seed_mlp", {}),
     ("gpt_multi_step", {}),
     ("resnet_small", {}),

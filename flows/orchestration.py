@@ -90,7 +90,7 @@ def worker_command(pool: str, gpu: str, device: str | None = None) -> list[str]:
 
 
 def serve(cron: str, timezone: str, gpu: str) -> None:
-    """Serve nightly, adhoc and shard from this process (a single box, no work pool)."""
+    """Serve every deployment from this process (a single box, no work pool)."""
     from prefect import serve as prefect_serve
 
     from flows.deployments import deployments

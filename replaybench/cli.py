@@ -152,14 +152,14 @@ def _parser() -> argparse.ArgumentParser:
     ack.add_argument("--note", help="why (kept with the acknowledgement)")
     common(ack, report=False)
 
-    alerts = sub.add_parser("alerts", help="send each regression the nightly verdicts find to a webhook (a Prefect automation)")
+    alerts = sub.add_parser("alerts", help="send each regression a run's verdicts find to a webhook (a Prefect automation)")
     alerts.add_argument("--webhook", required=True, metavar="URL", help="an incoming webhook taking {\"text\": ...} (Slack, Mattermost)")
     alerts.add_argument("--name", default="replaybench-regressions", help="of the automation and its notification block")
     alerts.add_argument("--allow-private-url", action="store_true", help="allow a webhook on a private network or this host")
 
     sub.add_parser("workloads", help="list the registered workloads")
 
-    serve = sub.add_parser("serve", help="serve the nightly, adhoc and shard deployments from this process")
+    serve = sub.add_parser("serve", help="serve the deployments (nightly, adhoc, shard, ack, ab, plan) from this process")
     serve.add_argument("--cron", default=None, help="nightly schedule (env REPLAYBENCH_NIGHTLY_CRON; default '0 2 * * *')")
     serve.add_argument("--timezone", default=None, help="timezone of the schedule (env REPLAYBENCH_TIMEZONE; default UTC)")
     serve.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0"), help="GPU index of this box")
