@@ -215,6 +215,24 @@ def test_a_slow_core_slows_eager_but_not_graph_replay_so_graph_figures_count_eve
     assert sum(len(f) < 6 for f in [figures(stored_units(m), ["eager", "graph"]).used for m in rows.values()]) >= 10
 
 
+def test_the_previous_engines_h200_suite_printed_the_intervals_the_readme_starts_from(tmp_path):
+    """The README's starting point, read from the previous engine's own run (three processes in
+    sequence, a t interval over them): speedup half-widths median 18.2%, largest 128.6%, 9 of 19
+    wider than +/-50%, as that engine stored and printed them."""
+    from replaybench.storage import Store
+
+    suite_intervals = benchmark("suite_intervals")
+    copy = tmp_path / "previous.db"
+    copy.write_bytes((DATA / "h200-previous-engine-suite.db").read_bytes())  # opening it upgrades the schema
+    store = Store(f"sqlite:///{copy}")
+    speedup = [suite_intervals.config_widths(modes, recompute=False)["speedup"][0]
+               for modes in suite_intervals.configs(store.run(1)).values()]
+    store.engine.dispose()
+    assert len(speedup) == 19
+    assert round(statistics.median(speedup), 3) == 0.182 and round(max(speedup), 3) == 1.286
+    assert sum(w > 0.5 for w in speedup) == 9
+
+
 @pytest.mark.parametrize("run, above_2_percent", [
     ("h200-default-suite-run-3.db", 0), ("h100-default-suite-run.db", 0), ("h100-default-suite-run-2.db", 0),
     ("h100-default-suite-run-3.db", 1), ("h100-default-suite-run-4.db", 0), ("h100-default-suite-run-5.db", 0),
