@@ -59,14 +59,18 @@ def _size(text: str) -> tuple[str, list]:
     return key, [parse(v) for v in values.split(",")]
 
 
+ID_MAX = 2**63 - 1  # the largest integer the stores hold
+
+
 def _count(text: str) -> int:
-    """A whole number of at least 1 (a negative SQL limit would list everything)."""
+    """A whole number from 1 to ID_MAX: a run id or a limit (a negative SQL limit would list
+    everything; a larger number than the store's integers is an overflow, not a miss)."""
     try:
         n = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, got {n}")
+    if not 1 <= n <= ID_MAX:
+        raise argparse.ArgumentTypeError(f"expected 1 to {ID_MAX}, got {n}")
     return n
 
 
@@ -127,10 +131,10 @@ def _parser() -> argparse.ArgumentParser:
     common(plan)
 
     report = sub.add_parser("report", help="print a stored run's report (and write it to the report directory)")
-    report.add_argument("run_id", nargs="?", type=int, metavar="RUN", help="run id; default: the latest run")
+    report.add_argument("run_id", nargs="?", type=_count, metavar="RUN", help="run id; default: the latest run")
     common(report)
 
-    report.add_argument("--baseline", type=int, metavar="RUN", help="judge against this pinned run instead of the history")
+    report.add_argument("--baseline", type=_count, metavar="RUN", help="judge against this pinned run instead of the history")
 
     runs = sub.add_parser("runs", help="list stored runs")
     runs.add_argument("--limit", type=_count, default=20, metavar="N", help="the newest this many (default 20)")
@@ -138,8 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     common(runs, report=False)
 
     compare = sub.add_parser("compare", help="compare run B against run A, with verdicts; or an A/B run's B against its A")
-    compare.add_argument("base", type=int, metavar="A", help="the baseline run's id; alone: an A/B run's id")
-    compare.add_argument("run", type=int, metavar="B", nargs="?", help="the run compared against A")
+    compare.add_argument("base", type=_count, metavar="A", help="the baseline run's id; alone: an A/B run's id")
+    compare.add_argument("run", type=_count, metavar="B", nargs="?", help="the run compared against A")
     compare.add_argument("--format", choices=("table", "markdown", "json"), default="table", help="default table")
     common(compare, report=False)
 

@@ -166,16 +166,25 @@ def test_report_prints_a_stored_run(tmp_path):
     assert missing.returncode == 2 and "no run with id 99" in missing.stderr
 
 
-def test_runs_lists_the_newest_and_refuses_a_limit_below_one(tmp_path):
+def test_runs_lists_the_newest_and_ids_and_limits_are_refused_outside_what_the_store_holds(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
     ids = [store.create_run("cli", {}) for _ in range(3)]
     out = replaybench("runs", "--limit", "2", "--format", "json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert [r["id"] for r in json.loads(out.stdout)] == ids[:0:-1]
-    for limit, message in (("-3", "expected 1 or more, got -3"), ("0", "expected 1 or more, got 0"),
-                           ("two", "expected a whole number, got 'two'")):
-        refused = replaybench("runs", "--limit", limit, cwd=tmp_path)
-        assert refused.returncode == 2 and refused.stderr.rstrip().endswith(f"argument --limit: {message}"), refused.stderr
+    huge = "9" * 23  # past SQLite's 64-bit integers: an overflow in the store, were it let through
+    for args, argument, message in (
+            (["runs", "--limit", "-3"], "--limit", "expected 1 to 9223372036854775807, got -3"),
+            (["runs", "--limit", "0"], "--limit", "expected 1 to 9223372036854775807, got 0"),
+            (["runs", "--limit", "two"], "--limit", "expected a whole number, got 'two'"),
+            (["runs", "--limit", huge], "--limit", f"got {huge}"),
+            (["report", huge], "RUN", f"got {huge}"),
+            (["report", "1", "--baseline", huge], "--baseline", f"got {huge}"),
+            (["compare", huge, "1"], "A", f"got {huge}"),
+            (["compare", "1", "0"], "B", "got 0")):
+        refused = replaybench(*args, cwd=tmp_path)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr  # usage and one error line
+        assert f"argument {argument}: " in refused.stderr and refused.stderr.rstrip().endswith(message), refused.stderr
 
 
 def test_workloads_lists_the_registry(tmp_path):
