@@ -26,9 +26,12 @@ def max_configs() -> int:
     worker or serve process; a form or a deployment parameter cannot raise it."""
     value = os.environ.get(MAX_CONFIGS_VARIABLE, "500")
     try:
-        return max(int(value), 1)
+        limit = int(value)
     except ValueError:
-        raise WorkloadError(f"${MAX_CONFIGS_VARIABLE} must be a whole number, not {value!r}") from None
+        limit = 0
+    if limit < 1:
+        raise WorkloadError(f"${MAX_CONFIGS_VARIABLE} must be a whole number of at least 1, not {value!r}")
+    return limit
 
 
 MAX_RUN_VARIABLE = "REPLAYBENCH_MAX_RUN_S"
@@ -82,6 +85,9 @@ class Selection(BaseModel):
         )
 
     def configs(self, registry: Registry) -> list[BenchConfig]:
+        for key, given in (("batch_size", self.batch_sizes), ("dtype", self.dtypes)):
+            if given and self.sizes.get(key):
+                raise WorkloadError(f"{key} is given twice (as {key}s and in sizes); give it once")
         narrow = {"batch_size": self.batch_sizes, "dtype": self.dtypes, **self.sizes}
         configs = expand(registry, self.workloads or None, narrow, full=self.full_grid)
         limit = max_configs()

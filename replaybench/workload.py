@@ -269,7 +269,8 @@ def expand(
             f"unknown parameter(s) {', '.join(unknown)} for the selected workloads; "
             f"known: {', '.join(sorted(known_keys))}"
         )
-    configs = [c for w in selected for c in w.configs(narrow, full=full)]
+    # A workload or value named twice is one config, measured once.
+    configs = list({(c.workload, c.key): c for w in selected for c in w.configs(narrow, full=full)}.values())
     if not configs:
         raise WorkloadError("the selection holds no config to measure")
     return configs

@@ -40,6 +40,7 @@ def replaybench(*args, cwd, env=None):
         (["--db", "postgres ql://u:pw@h/x"], "malformed database URL 'postgres ql://u:***@h/x'"),
         (["--db", "postgresql://u:pw@127.0.0.1:notaport/x"], "malformed database URL 'postgresql://u:***@127.0.0.1"),
         (["--full-grid"], "the selection holds 381 configs, more than the 100 a run may measure"),
+        (["-b", "1", "--set", "batch_size=8"], "batch_size is given twice (as batch_sizes and in sizes); give it once"),
         (["--time-budget", "40"], "the selection's time budget, 19 configs x 40 s of timed rounds = 760 s, is more than "
                                   "the 600 s a run may measure ($REPLAYBENCH_MAX_RUN_S, set where the runs are measured)"),
     ],
@@ -102,6 +103,7 @@ def test_a_run_whose_budget_passes_the_measuring_time_cap_is_refused_before_it_s
     ("REPLAYBENCH_GPU_LEASE_S", "30", "$REPLAYBENCH_GPU_LEASE_S must be a number of seconds, at least 60 (the shortest lease a "
                                       "Prefect server grants), not '30'"),
     ("REPLAYBENCH_MAX_RUN_S", "0", "$REPLAYBENCH_MAX_RUN_S must be a positive number of seconds, not '0'"),
+    ("REPLAYBENCH_MAX_CONFIGS", "-1", "$REPLAYBENCH_MAX_CONFIGS must be a whole number of at least 1, not '-1'"),
 ])
 @pytest.mark.parametrize("command", [["worker", "--gpu", "0"], ["serve"]])
 def test_a_worker_or_serve_with_a_bad_operator_setting_does_not_start(tmp_path, command, variable, value, message):

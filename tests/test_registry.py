@@ -26,6 +26,14 @@ def test_narrowing_and_full_grid():
     assert len(full) == 3 * 2 * 2
 
 
+def test_a_workload_or_value_named_twice_is_measured_once():
+    registry = load_registry()
+    twice = expand(registry, ["seed_mlp", "seed_mlp", "deep_mlp"], {"batch_size": [1, 1, 2], "width": [128, 128]})
+    once = expand(registry, ["seed_mlp", "deep_mlp"], {"batch_size": [1, 2], "width": [128]})
+    assert [(c.workload, c.params) for c in twice] == [(c.workload, c.params) for c in once]
+    assert len({(c.workload, c.key) for c in twice}) == len(twice) > 2
+
+
 @pytest.mark.parametrize(
     "narrow, message",
     [
