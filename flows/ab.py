@@ -21,7 +21,7 @@ from replaybench.ab import ABPool, ABResult
 from replaybench.health import host_facts
 from replaybench.limits import CapReached, MeasuringCap
 from replaybench.params import ABParameters
-from replaybench.report import check_writable, reports_dir
+from replaybench.report import check_output
 from replaybench.results import MeasureSettings
 from replaybench.storage import Store
 from replaybench.unstored import store_result
@@ -81,7 +81,7 @@ def ab(parameters: ABFlowParameters) -> int:
     logger = get_run_logger()
     a, b = pick(load_variants(), parameters.a, parameters.b)  # declared on this host, checked now
     configs = parameters.configs(load_registry(shadowing=[a.workloads] if a.workloads else []))
-    directory = check_writable(reports_dir())
+    directory = check_output()
     store = Store()
     run_id = store.create_run("ab", parameters.model_dump(mode="json"), host_facts())
     store.set_flow_run(run_id, flow_run.get_id())

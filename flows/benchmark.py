@@ -33,7 +33,7 @@ from replaybench.health import host_facts
 from replaybench.history import Verdict
 from replaybench.limits import CapReached, MeasuringCap
 from replaybench.params import RunParameters
-from replaybench.report import check_writable, reports_dir, write_report
+from replaybench.report import check_output, write_report
 from replaybench.results import ConfigResult, MeasureSettings
 from replaybench.storage import Store
 from replaybench.summary import one_line
@@ -241,7 +241,7 @@ def benchmark(
     trigger = run_trigger()
     logger = get_run_logger()
     configs = parameters.configs(load_registry())  # bad input fails here, before any measuring
-    directory = check_writable(reports_dir())
+    directory = check_output()
     store = Store()
     for run_id_, why in resolve_stuck_runs(store):
         logger.warning("run %d marked crashed: %s", run_id_, why)

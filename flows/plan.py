@@ -21,7 +21,7 @@ from replaybench.health import host_facts
 from replaybench.params import PlanParameters, max_run_s
 from replaybench.plan import Traffic
 from replaybench.planning import PlanFailed, make_plan, resolve_traffic
-from replaybench.report import check_writable, reports_dir
+from replaybench.report import check_output
 from replaybench.storage import Store
 from replaybench.unstored import store_plan
 from replaybench.worker import MeasuringProcess, gpu_slot, measuring_cores
@@ -47,7 +47,7 @@ def plan(parameters: PlanFlowParameters = PlanFlowParameters()) -> int:
     config = parameters.config(registry)  # bad input fails here, before any measuring
     max_run_s()  # a malformed operator cap too
     resolve_traffic(parameters, cli_traffic)
-    directory = check_writable(reports_dir())
+    directory = check_output()
     store = Store()
     run_id = store.create_run("plan", {**parameters.model_dump(mode="json"),
                                        **({"traffic": cli_traffic.source} if cli_traffic else {})}, host_facts())

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .report import REPORTS_VARIABLE, TEMPLATES_VARIABLE, ReportError, check_writable, reports_dir, write_report
+from .report import REPORTS_VARIABLE, TEMPLATES_VARIABLE, ReportError, check_output, reports_dir, write_report
 from .results import MODES
 from .storage import URL_VARIABLE, Store, StoreError
 from .plan import PlanError
@@ -223,7 +223,7 @@ def _store(args) -> Store:
 def cmd_run(args) -> int:
     parameters = _parameters(args, confirm_limit=args.confirm_limit)
     configs = parameters.configs(load_registry())
-    check_writable(reports_dir(args.reports), create=False)
+    check_output(args.reports, args.templates, create=False)
     _store(args)  # reachable and migrated, before any measuring
     _settings_to_environment(args)  # the flow reads them from there, as it does on a worker
     _prefect_defaults()
@@ -386,7 +386,7 @@ def cmd_ab(args) -> int:
     except VariantError as exc:
         raise UsageError(str(exc)) from None
     configs = parameters.configs(load_registry(shadowing=[a.workloads] if a.workloads else []))
-    check_writable(reports_dir(args.reports), create=False)
+    check_output(args.reports, args.templates, create=False)
     _store(args)
     _settings_to_environment(args)
     os.environ[VARIANTS_VARIABLE] = str(file)  # the flow reads the variants where it runs, as a worker does
@@ -432,7 +432,7 @@ def cmd_plan(args) -> int:
     max_run_s()  # the operator's cap, checked before anything starts
     candidates, _ = resolve_traffic(parameters, None)
     traffic = read_traffic_file(args.traffic_file, candidates[-1]) if args.traffic_file else None
-    check_writable(reports_dir(args.reports), create=False)
+    check_output(args.reports, args.templates, create=False)
     _store(args)
     _settings_to_environment(args)
     _prefect_defaults()
@@ -491,7 +491,7 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
 
 
 def cmd_report(args) -> int:
-    check_writable(reports_dir(args.reports), create=False)  # before the store is opened or made
+    check_output(args.reports, args.templates, create=False)  # before the store is opened or made
     store = _store(args)
     run_id = store.run(args.run_id).id
     if args.baseline is not None:
@@ -654,9 +654,9 @@ def _check_worker_settings() -> None:
 def _ready_to_run_flows(args) -> None:
     """What `serve` and `worker` check and set up before they start anything."""
     _check_worker_settings()
-    check_writable(reports_dir(args.reports), create=False)  # before anything is written or started
+    check_output(args.reports, args.templates, create=False)  # before anything is written or started
     _store(args)
-    check_writable(reports_dir(args.reports))
+    check_output(args.reports, args.templates)
     _settings_to_environment(args)
 
 

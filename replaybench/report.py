@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError
 
 from .analysis import STANDARD_REFERENCE_S
 from .history import MIN_HISTORY
@@ -214,7 +214,7 @@ def environment(template_dir: str | os.PathLike | None = None) -> Environment:
     dirs = [d for d in (template_dir, os.environ.get(TEMPLATES_VARIABLE)) if d]
     for d in dirs:
         if not Path(d).is_dir():
-            raise ReportError(f"template directory {str(d)!r} does not exist")
+            raise ReportError(f"template directory {str(d)!r} {'is not a directory' if Path(d).exists() else 'does not exist'}")
     env = Environment(
         loader=FileSystemLoader([*map(str, dirs), str(BUILTIN_TEMPLATES)]),  # first match wins
         undefined=StrictUndefined,
@@ -228,11 +228,38 @@ def environment(template_dir: str | os.PathLike | None = None) -> Environment:
     return env
 
 
+TEMPLATES = ("report.md.j2", "ab.md.j2", "plan.md.j2")
+
+
+def check_output(reports=None, templates=None, create: bool = True) -> Path:
+    """The report directory and the templates, proven before anything is measured: a directory a
+    report can be written in (made, with ``create``), and templates that parse. Returns the directory."""
+    env = environment(templates)
+    for name in TEMPLATES:
+        try:
+            env.get_template(name)
+        except TemplateError as exc:
+            raise ReportError(_template_error(name, exc)) from None
+    return check_writable(reports_dir(reports), create=create)
+
+
+def _template_error(name: str, exc: TemplateError) -> str:
+    where = f"{getattr(exc, 'filename', None) or name}" + (f", line {exc.lineno}" if getattr(exc, "lineno", None) else "")
+    return f"template {where}: {exc.message or type(exc).__name__}"
+
+
+def _render(env: Environment, name: str, **context) -> str:
+    try:
+        return env.get_template(name).render(**context)
+    except TemplateError as exc:  # a user's template: one line naming it, not a traceback
+        raise ReportError(_template_error(name, exc)) from None
+
+
 def render(
     run: Run, template_dir=None, template: str = "report.md.j2", store: Store | None = None,
     baseline: int | None = None, plots: dict[str, str] | None = None,
 ) -> str:
-    return environment(template_dir).get_template(template).render(**context(run, store, baseline), plots=plots or {})
+    return _render(environment(template_dir), template, **context(run, store, baseline), plots=plots or {})
 
 
 def plan_context(run, store: Store, directory: Path) -> dict:
@@ -248,20 +275,21 @@ def plan_context(run, store: Store, directory: Path) -> dict:
 
 
 def write_report(store: Store, run_id: int, directory=None, template_dir=None, baseline: int | None = None) -> tuple[Path, str]:
-    """Render run ``run_id`` to ``<dir>/<run id>.md`` and ``<dir>/latest.md``; returns (path, text)."""
+    """Render run ``run_id`` to ``<dir>/<run id>.md``, and to ``<dir>/latest.md`` unless a newer run
+    has ended (an older run's report printed again does not pass for the latest); returns (path, text)."""
     from .plots import write_plots
 
     directory = check_writable(reports_dir(directory))
     run = store.run(run_id)
     if run.trigger == "ab":
-        text = environment(template_dir).get_template("ab.md.j2").render(**ab_context(run, store))
+        text = _render(environment(template_dir), "ab.md.j2", **ab_context(run, store))
     elif run.trigger == "plan":
-        text = environment(template_dir).get_template("plan.md.j2").render(**plan_context(run, store, directory))
+        text = _render(environment(template_dir), "plan.md.j2", **plan_context(run, store, directory))
     else:
         plots = write_plots(store, run, directory)  # PNGs beside the markdown, linked from it
         text = render(run, template_dir, store=store, baseline=baseline, plots=plots)
     path = directory / f"{run_id}.md"
-    for target in (path, directory / "latest.md"):
+    for target in (path, *([] if store.newer_run_ended(run_id) else [directory / "latest.md"])):
         tmp = target.with_suffix(".md.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, target)  # readers never see a half-written report

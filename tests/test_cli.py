@@ -35,6 +35,9 @@ def replaybench(*args, cwd, env=None):
         (["--db", "::nonsense::"], "malformed database URL"),
         (["--reports", "a_file/reports"], "report directory 'a_file/reports' is not writable"),
         (["--reports", "/proc/reports"], "report directory '/proc/reports' is not writable"),  # even for root
+        (["--templates", "no_such_dir"], "template directory 'no_such_dir' does not exist"),
+        (["--templates", "a_file"], "template directory 'a_file' is not a directory"),
+        (["--templates", "broken"], "template broken/ab.md.j2, line 1: unexpected end of template"),  # before measuring
         (["--set", "width=abc"], "seed_mlp: width='abc' is not one of its values (128, 512)"),
         (["-w", "rnn_unrolled", "--set", "steps=10000000"], "rnn_unrolled: steps=10000000 is not one of its values"),
         (["--db", "postgres ql://u:pw@h/x"], "malformed database URL 'postgres ql://u:***@h/x'"),
@@ -47,6 +50,8 @@ def replaybench(*args, cwd, env=None):
 )
 def test_bad_input_one_line_nonzero_exit_nothing_written(tmp_path, args, message):
     (tmp_path / "a_file").write_text("not a directory")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "ab.md.j2").write_text("# A/B run {{ run.id \n")
     out = replaybench("run", *args, cwd=tmp_path, env={"REPLAYBENCH_MAX_CONFIGS": "100", "REPLAYBENCH_MAX_RUN_S": "600"})
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
@@ -166,6 +171,26 @@ def test_report_prints_a_stored_run(tmp_path):
     assert out.stdout == (tmp_path / "reports" / "latest.md").read_text()
     missing = replaybench("report", "99", cwd=tmp_path)
     assert missing.returncode == 2 and "no run with id 99" in missing.stderr
+    newer = store.create_run("nightly", {})
+    store.finish_run(newer)
+    assert replaybench("report", cwd=tmp_path).returncode == 0
+    again = replaybench("report", str(run_id), cwd=tmp_path)  # an older run, printed again
+    assert again.returncode == 0 and again.stdout.startswith(f"# replaybench run {run_id}")
+    assert (tmp_path / "reports" / f"{run_id}.md").read_text() == again.stdout
+    assert (tmp_path / "reports" / "latest.md").read_text().startswith(f"# replaybench run {newer}")
+
+
+def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
+    run_id = store.create_run("nightly", {})
+    store.add_result(run_id, known_result())
+    store.finish_run(run_id)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md.j2").write_text("run {{ run.id }}\n{{ nosuch.attr }}\n")
+    out = replaybench("report", "--templates", "mine", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == "replaybench: error: template report.md.j2: 'nosuch' is undefined\n"
+    assert not (tmp_path / "reports" / "latest.md").exists()
 
 
 def test_runs_lists_the_newest_and_ids_and_limits_are_refused_outside_what_the_store_holds(tmp_path):
