@@ -26,6 +26,7 @@ from replaybench.results import MeasureSettings
 from replaybench.storage import Store
 from replaybench.unstored import store_result
 from replaybench.variants import VariantName, declared_names, load_variants, pick
+from replaybench.worker import check_interpreter
 from replaybench.workload import BenchConfig, load_registry
 
 
@@ -80,6 +81,8 @@ def ab(parameters: ABFlowParameters) -> int:
         return stopping
     logger = get_run_logger()
     a, b = pick(load_variants(), parameters.a, parameters.b)  # declared on this host, checked now
+    for variant in (a, b):
+        check_interpreter(variant)
     configs = parameters.configs(load_registry(shadowing=[a.workloads] if a.workloads else []))
     directory = check_output()
     store = Store()

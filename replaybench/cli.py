@@ -378,11 +378,14 @@ def _prefect_defaults() -> None:
 def cmd_ab(args) -> int:
     from .params import ABParameters
     from .variants import VariantError, load_variants, pick, variants_file
+    from .worker import check_interpreter
 
     parameters = _parameters(args, model=ABParameters, a=args.a, b=args.b, min_effect=args.min_effect)
     file = variants_file(args.variants).absolute()
     try:
-        a, _ = pick(load_variants(file), parameters.a, parameters.b)
+        a, b = pick(load_variants(file), parameters.a, parameters.b)
+        for variant in (a, b):
+            check_interpreter(variant)
     except VariantError as exc:
         raise UsageError(str(exc)) from None
     configs = parameters.configs(load_registry(shadowing=[a.workloads] if a.workloads else []))

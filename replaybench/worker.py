@@ -27,7 +27,7 @@ from typing import Any
 from .analysis import Units, assemble, interim
 from .results import ConfigResult, MeasureSettings, ModeResult
 from .stats import StoppingRule
-from .variants import Variant
+from .variants import Variant, VariantError
 from .workload import BenchConfig
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -71,6 +71,35 @@ def package_links() -> str:
             os.symlink(package, os.path.join(directory, package.name))
         _PACKAGE_LINKS = directory
     return _PACKAGE_LINKS
+
+
+def child_interpreter(variant: Variant | None) -> tuple[str, dict[str, str]]:
+    """The interpreter a measuring process of ``variant`` runs in, and its environment."""
+    python = str(variant.python) if variant and variant.python else sys.executable
+    env = {**os.environ, **(variant.env if variant else {})}
+    # Another interpreter brings its own packages: it gets none of this one's path.
+    inherited = env.get("PYTHONPATH") if python == sys.executable else None
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_links(), inherited]))
+    return python, env
+
+
+def check_interpreter(variant: Variant) -> None:
+    """A variant's own interpreter, proven able to run a measuring process (replaybench's engine and
+    torch import) before a run is stored; VariantError naming what it lacks. This interpreter runs
+    one already, so a variant without ``python`` is not tried."""
+    if variant.python is None:
+        return
+    python, env = child_interpreter(variant)
+    probe = "import replaybench.child, replaybench.engine, torch; print('torch', torch.__version__)"
+    try:
+        out = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, timeout=STARTUP_TIMEOUT_S)
+        lines = out.stderr.strip().splitlines()
+        why = (lines[-1] if lines else f"exit status {out.returncode}") if out.returncode else (
+            None if out.stdout.startswith("torch ") else "it ran, but not as a Python interpreter")
+    except (OSError, subprocess.SubprocessError, UnicodeDecodeError) as exc:
+        why = str(exc)
+    if why:
+        raise VariantError(f"variant {variant.name!r}: its python {python} cannot run a measuring process: {why[:300]}")
 
 
 def _join(process: subprocess.Popen | None, timeout_s: float) -> None:
@@ -117,11 +146,7 @@ class MeasuringProcess:
         self.conn, child = mp.Pipe()
         self.trace_path = os.path.join(tempfile.mkdtemp(prefix="replaybench-"), "stack.txt")
         variant = self.variant
-        python = str(variant.python) if variant and variant.python else sys.executable
-        env = {**os.environ, **(variant.env if variant else {})}
-        # Another interpreter brings its own packages: it gets none of this one's path.
-        inherited = env.get("PYTHONPATH") if python == sys.executable else None
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_links(), inherited]))
+        python, env = child_interpreter(variant)
         settings = {
             "fd": child.fileno(), "core": self.core, "workload_paths": self.extra_paths,
             "shadowing": [str(variant.workloads)] if variant and variant.workloads else [],

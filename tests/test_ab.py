@@ -5,6 +5,7 @@ Prefect server, whose form refuses a variant the worker does not declare."""
 
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -313,6 +314,21 @@ def test_ab_refuses_bad_input_before_measuring(variants, tmp_path):
     one = cli("ab", "base", "candidate", "--variants", str(file), "--processes", "1", cwd=tmp_path)
     assert one.returncode == 2 and "processes" in one.stderr and len(one.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "replaybench.db").exists() or Store(f"sqlite:///{tmp_path / 'replaybench.db'}").runs() == []
+
+
+def test_a_variant_whose_python_cannot_run_a_measuring_process_is_refused_in_one_line(tmp_path):
+    """An interpreter without torch, or an executable that is no Python at all, is found before
+    anything is stored or started, and named."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    file = tmp_path / "variants.toml"
+    file.write_text(f'[variants.a]\n[variants.bare]\npython = "{tmp_path / "bare" / "bin" / "python"}"\n'
+                    f'[variants.true]\npython = "{shutil.which("true")}"\n')
+    for name, why in (("bare", "cannot run a measuring process: ModuleNotFoundError: No module named "),
+                      ("true", "cannot run a measuring process: it ran, but not as a Python interpreter")):
+        out = cli("ab", "a", name, "--variants", str(file), "-w", "seed_mlp", cwd=tmp_path)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr[-3000:]
+        assert out.stderr.startswith(f"replaybench: error: variant {name!r}: its python ") and why in out.stderr, out.stderr
+    assert not (tmp_path / "replaybench.db").exists()
 
 
 NOT_COMPILABLE = """
