@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import sys
+from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Callable
@@ -558,8 +559,12 @@ def cmd_compare(args) -> int:
         style = {"SLOWER": "red", "FASTER": "green"}.get(row["verdict"])
         table.add_row(*cells(row), style=style)
     Console().print(table)
-    slower = sum(row["verdict"] == "SLOWER" for row in rows)
-    console.print(f"{slower} slower, {sum(row['verdict'] == 'FASTER' for row in rows)} faster of {len(rows)} compared")
+    count = Counter(row["verdict"] for row in rows)
+    apart = {f"only in run {args.base}": count["MISSING"],
+             f"only in run {args.run}": sum(r["verdict"] == "NEW" and r["baseline"] is None for r in rows),
+             "measured on another GPU": sum(r["verdict"] == "NEW" and r["baseline"] is not None for r in rows)}
+    console.print(f"{count['SLOWER']} slower, {count['FASTER']} faster of {len(rows) - sum(apart.values())} compared"
+                  + "".join(f"; {n} {why}" for why, n in apart.items() if n))
     return 0
 
 

@@ -301,12 +301,17 @@ def _pinned(store: Store, baseline: int) -> dict[tuple, tuple[Run, list]]:
     return {k: (run, v) for k, v in rows.items()}
 
 
+MISSING = "MISSING"  # compare_runs: a figure run A has and run B does not
+
+
 def compare_runs(store: Store, base_id: int, run_id: int) -> list[dict]:
-    """Run ``run_id`` against run ``base_id``, one entry per config, mode and judged figure."""
+    """Run ``run_id`` against run ``base_id``, one entry per config, mode and judged figure of
+    either: NEW where only ``run_id`` has it, MISSING where only ``base_id`` does."""
     run, base = store.run(run_id), store.run(base_id)
     base_rows = _pinned(store, base_id)
     out = []
-    for key, parts in judge_figures(store, run, baseline=base_id).items():
+    judged = judge_figures(store, run, baseline=base_id)
+    for key, parts in judged.items():
         for metric, j, rows in parts:
             if metric is SPEEDUP:
                 continue
@@ -316,6 +321,14 @@ def compare_runs(store: Store, base_id: int, run_id: int) -> list[dict]:
                         "column": metric.column, "baseline": base_point.value if base_point else None,
                         "value": _point(run, rows, metric).value, "change": j.change, "verdict": j.verdict.value,
                         "reason": j.reason})
+    for key, (_, rows) in sorted(base_rows.items()):
+        if key in judged:
+            continue
+        for metric in metrics(rows[0]):
+            if (point := _point(base, rows, metric)) is not None:
+                out.append({"workload": key[0], "params": rows[0].params, "mode": key[2], "figure": metric.name,
+                            "column": metric.column, "baseline": point.value, "value": None, "change": None,
+                            "verdict": MISSING, "reason": f"not measured in run {run_id}"})
     return out
 
 

@@ -303,6 +303,14 @@ def test_compare_and_runs_for_people_and_scripts(tmp_path):
     assert [r["id"] for r in runs] == [b, a] and runs[0]["gpu_name"] == "NVIDIA H200"
     assert replaybench("compare", str(a), "99", cwd=tmp_path).returncode == 2
 
+    other = store.create_run("nightly", {}, env)  # shares no config with run a
+    store.add_result(other, known_result(workload="deep_mlp", eager_us=45.0, graph_us=6.5))
+    apart = json.loads(replaybench("compare", str(a), str(other), "--format", "json", cwd=tmp_path).stdout)
+    assert {(r["workload"], r["verdict"]) for r in apart} == {("seed_mlp", "MISSING"), ("deep_mlp", "NEW")}
+    assert all(r["value"] is None and r["reason"] == f"not measured in run {other}" for r in apart if r["verdict"] == "MISSING")
+    table = replaybench("compare", str(a), str(other), cwd=tmp_path)
+    assert f"0 slower, 0 faster of 0 compared; 3 only in run {a}; 3 only in run {other}" in table.stderr
+
 
 SMALL_MLP = '''
 """A small MLP; with SLOW_IT set, the workload named `slowed` does its work twice; with
