@@ -215,8 +215,9 @@ def _parameters(args, model=None, **more):
         raise UsageError(f"invalid {where}: {err['msg']} (got {err.get('input')!r})") from None
 
 
-def _store(args) -> Store:
-    store = Store(args.db)
+def _store(args, create: bool = True) -> Store:
+    """The results store; ``create`` false for commands that only read it."""
+    store = Store(args.db, create=create)
     store.mark_dead_local_runs()  # a run killed on this host shows as such at the next command
     return store
 
@@ -496,7 +497,7 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
 
 def cmd_report(args) -> int:
     check_output(args.reports, args.templates, create=False)  # before the store is opened or made
-    store = _store(args)
+    store = _store(args, create=False)
     run_id = store.run(args.run_id).id
     if args.baseline is not None:
         store.run(args.baseline)  # exists
@@ -506,7 +507,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_runs(args) -> int:
-    runs = _store(args).runs(args.limit)
+    runs = _store(args, create=False).runs(args.limit)
     if args.format == "json":
         fields = ("id", "trigger", "status", "host", "gpu_name", "gpu_driver", "cuda_version", "torch_version", "git_commit", "error")
         rows = [{**{f: getattr(r, f) for f in fields}, "started_at": r.started_at.isoformat(),
@@ -525,7 +526,7 @@ def cmd_compare(args) -> int:
     from .report import md_cell, params_label
     from .verdicts import compare_runs
 
-    store = _store(args)
+    store = _store(args, create=False)
     if args.run is None:
         if store.run(args.base).trigger != "ab":
             raise UsageError(f"run {args.base} is not an A/B run: compare it with another run (replaybench compare A B)")
@@ -577,7 +578,7 @@ def cmd_regressions(args) -> int:
     from .report import params_label
     from .verdicts import report_regressions
 
-    store = _store(args)
+    store = _store(args, create=False)
     run = _latest_nightly(store)
     found = report_regressions(store, run) if run is not None else []
     if args.format == "json":
@@ -600,7 +601,7 @@ def cmd_ack(args) -> int:
     from .verdicts import acknowledge
 
     try:
-        o = acknowledge(_store(args), args.ident, args.note)
+        o = acknowledge(_store(args, create=False), args.ident, args.note)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     console.print(f"acknowledged: {o.workload} {o.mode} {o.metric} {o.change:+.1%} since run {o.first_run_id}")

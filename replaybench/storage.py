@@ -330,7 +330,10 @@ def without_password(text: str) -> str:
 
 
 class Store:
-    def __init__(self, url: str | None = None, migrate: bool = True, busy_timeout_s: float = 30, retry_s: float = 120):
+    def __init__(self, url: str | None = None, migrate: bool = True, busy_timeout_s: float = 30, retry_s: float = 120,
+                 create: bool = True):
+        """``create`` false: a SQLite file that does not exist is an error, not a new empty store
+        (commands that only read must not leave one behind)."""
         self.url = database_url(url)
         self.retry_s = retry_s
         shown = without_password(self.url)
@@ -342,6 +345,9 @@ class Store:
             parent = Path(parsed.database).expanduser().resolve().parent
             if not parent.is_dir():
                 raise StoreError(f"cannot open database {shown!r}: directory {parent} does not exist")
+            if not create and not Path(parsed.database).expanduser().exists():
+                raise StoreError(f"no run stored yet: there is no database {parsed.database!r} "
+                                 f"(--db or ${URL_VARIABLE} names another)")
         try:
             self.engine: Engine = create_engine(self.url, pool_pre_ping=True)
         except (ArgumentError, ImportError, SQLAlchemyError, ValueError) as exc:

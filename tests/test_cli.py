@@ -160,6 +160,14 @@ def test_a_run_that_reaches_the_measuring_time_cap_stops_and_keeps_what_it_measu
     assert f"run {run.id}: {run.error}" in out.stderr
 
 
+@pytest.mark.parametrize("command", [["report"], ["runs"], ["compare", "1", "2"], ["regressions"], ["ack", "1:GPU_time"]])
+def test_a_command_that_only_reads_leaves_no_database_behind(tmp_path, command):
+    out = replaybench(*command, cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == (
+        "replaybench: error: no run stored yet: there is no database 'replaybench.db' (--db or $REPLAYBENCH_DB_URL names another)\n")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_report_prints_a_stored_run(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
     run_id = store.create_run("nightly", {})
