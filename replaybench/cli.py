@@ -39,6 +39,12 @@ from .workload import DTYPES, WorkloadError, load_registry
 console = Console(stderr=True)
 
 
+def _tables() -> Console:
+    """Standard output, for tables: a terminal's width (or $COLUMNS); into a pipe or a file, wide
+    enough that no name or figure is cut short (rich would fit it to 80 columns)."""
+    return Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=1000)
+
+
 class UsageError(Exception):
     pass
 
@@ -474,7 +480,7 @@ def _print_plan(data: dict) -> None:
                       f"{m['replay']['s'] * 1e6:.2f}" if ok else f"failed: {m.get('reason')}",
                       f"{e['agreement']:+.1%}" if e.get("agreement") is not None else "n/a",
                       style="bold" if e["kind"] == "plan" else None)
-    Console().print(table)
+    _tables().print(table)
 
 
 def _print_ab(store: Store, run_id: int, form: str) -> None:
@@ -492,7 +498,7 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
             (lambda v: "n/a" if v is None else f"{v * 1e6:.2f} us")
         table.add_row(row["workload"], params_label(row["params"]), row["mode"], row["metric"], fmt(row["a"]), fmt(row["b"]),
                       row["text"] + (", below the minimum effect" if row["below_min_effect"] else ""), style=style)
-    Console().print(table)
+    _tables().print(table)
 
 
 def cmd_report(args) -> int:
@@ -518,7 +524,7 @@ def cmd_runs(args) -> int:
     for run in runs:
         table.add_row(str(run.id), run.trigger, run.started_at.strftime("%Y-%m-%d %H:%M"), run.status,
                       run.gpu_name or "none", run.torch_version or "", (run.git_commit or "")[:10])
-    Console().print(table)
+    _tables().print(table)
     return 0
 
 
@@ -559,7 +565,7 @@ def cmd_compare(args) -> int:
     for row in rows:
         style = {"SLOWER": "red", "FASTER": "green"}.get(row["verdict"])
         table.add_row(*cells(row), style=style)
-    Console().print(table)
+    _tables().print(table)
     count = Counter(row["verdict"] for row in rows)
     apart = {f"only in run {args.base}": count["MISSING"],
              f"only in run {args.run}": sum(r["verdict"] == "NEW" and r["baseline"] is None for r in rows),
@@ -592,7 +598,7 @@ def cmd_regressions(args) -> int:
     for o in found:
         table.add_row(o.ident, o.workload, params_label(o.params), o.mode, o.metric, f"{o.change:+.1%}", str(o.first_run_id),
                       o.cause or "")
-    Console().print(table)
+    _tables().print(table)
     console.print(f"{len(found)} open regression(s) as of nightly run {run.id}")
     return 0
 
@@ -632,7 +638,7 @@ def cmd_workloads(args) -> int:
         grid = "\n".join(f"{key}: " + ", ".join(f"[bold]{v}[/bold]" if v in default.get(key, ()) else str(v) for v in values)
                          for key, values in w.grid.items())
         table.add_row(name, str(len(list(w.configs()))), str(len(list(w.configs(full=True)))), grid, w.description)
-    Console().print(table)
+    _tables().print(table)
     for name, why in sorted(registry.broken.items()):
         console.print(f"[red]could not load {name}[/red]: {why}")
     return 0

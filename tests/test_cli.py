@@ -226,6 +226,9 @@ def test_workloads_lists_the_registry(tmp_path):
     out = replaybench("workloads", cwd=tmp_path, env={"COLUMNS": "200"})
     assert out.returncode == 0 and "seed_mlp" in out.stdout
     assert "depth: 2, 8, 32, 64" in out.stdout  # the values --set takes
+    piped = replaybench("workloads", cwd=tmp_path, env={"COLUMNS": ""})  # into a pipe, no width set: nothing cut
+    assert "transformer_encoder" in piped.stdout and "…" not in piped.stdout
+    assert "Linear(128,128)+ReLU repeated `depth` times" in piped.stdout
 
 
 @pytest.mark.slow
