@@ -176,7 +176,9 @@ class Registry:
         except KeyError:
             hint = f" ({name} failed to load: {self.broken[name]})" if name in self.broken else ""
             known = ", ".join(sorted(self.workloads)) or "none"
-            raise WorkloadError(f"unknown workload {name!r}{hint}; known workloads: {known}") from None
+            others = (f"; {', '.join(sorted(self.broken))} could not be loaded (`replaybench workloads` says why)"
+                      if self.broken and not hint else "")
+            raise WorkloadError(f"unknown workload {name!r}{hint}; known workloads: {known}{others}") from None
 
     def names(self) -> list[str]:
         return sorted(self.workloads)
@@ -203,6 +205,12 @@ def _load_file(path: Path):
 
 
 def _directory_candidates(directory):
+    if not Path(directory).is_dir():  # a mistyped path is said where broken workloads are, not passed over
+        def missing():
+            raise WorkloadError(f"{str(directory)!r} is not a directory")
+
+        yield str(directory), missing
+        return
     for path in sorted(Path(directory).glob("*.py")):
         if not path.name.startswith("_"):
             yield path.stem, lambda p=path: _load_file(p)

@@ -26,6 +26,15 @@ def test_narrowing_and_full_grid():
     assert len(full) == 3 * 2 * 2
 
 
+def test_a_workloads_path_entry_that_is_no_directory_is_listed_as_broken(tmp_path, monkeypatch):
+    monkeypatch.setenv("REPLAYBENCH_WORKLOADS_PATH", str(tmp_path / "typo"))
+    registry = load_registry()
+    assert registry.broken == {str(tmp_path / "typo"): f"WorkloadError: {str(tmp_path / 'typo')!r} is not a directory"}
+    assert "seed_mlp" in registry.names()  # the others still load
+    with pytest.raises(WorkloadError, match=f"unknown workload 'mine'; .*; {str(tmp_path / 'typo')} could not be loaded"):
+        registry.get("mine")
+
+
 def test_a_workload_or_value_named_twice_is_measured_once():
     registry = load_registry()
     twice = expand(registry, ["seed_mlp", "seed_mlp", "deep_mlp"], {"batch_size": [1, 1, 2], "width": [128, 128]})
