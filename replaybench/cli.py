@@ -81,12 +81,19 @@ def _count(text: str) -> int:
     return n
 
 
+def _given(text: str) -> str:
+    """A value that must say something: an empty --db would quietly mean the default store."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a value, got an empty one")
+    return text
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="replaybench", description="Does CUDA Graph capture pay off for this model?")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p, report=True):
-        p.add_argument("--db", metavar="URL", help=f"SQLAlchemy database URL (env {URL_VARIABLE}; default sqlite:///replaybench.db)")
+        p.add_argument("--db", metavar="URL", type=_given, help=f"SQLAlchemy database URL (env {URL_VARIABLE}; default sqlite:///replaybench.db)")
         if report:
             p.add_argument("--reports", metavar="DIR", help=f"report directory (env {REPORTS_VARIABLE}; default reports)")
             p.add_argument("--templates", metavar="DIR", help=f"your own template directory (env {TEMPLATES_VARIABLE})")

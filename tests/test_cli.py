@@ -201,7 +201,7 @@ def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
     assert not (tmp_path / "reports" / "latest.md").exists()
 
 
-def test_runs_lists_the_newest_and_ids_and_limits_are_refused_outside_what_the_store_holds(tmp_path):
+def test_runs_lists_the_newest_and_ids_limits_and_urls_the_store_cannot_take_are_refused(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
     ids = [store.create_run("cli", {}) for _ in range(3)]
     out = replaybench("runs", "--limit", "2", "--format", "json", cwd=tmp_path)
@@ -216,7 +216,8 @@ def test_runs_lists_the_newest_and_ids_and_limits_are_refused_outside_what_the_s
             (["report", huge], "RUN", f"got {huge}"),
             (["report", "1", "--baseline", huge], "--baseline", f"got {huge}"),
             (["compare", huge, "1"], "A", f"got {huge}"),
-            (["compare", "1", "0"], "B", "got 0")):
+            (["compare", "1", "0"], "B", "got 0"),
+            (["runs", "--db", ""], "--db", "expected a value, got an empty one")):
         refused = replaybench(*args, cwd=tmp_path)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr  # usage and one error line
         assert f"argument {argument}: " in refused.stderr and refused.stderr.rstrip().endswith(message), refused.stderr
