@@ -205,6 +205,7 @@ def ab_context(run: Run, store: Store) -> dict:
         "variants": (run.environment or {}).get("variants", {}),
         "parameters": run.parameters or {},
         "failures": [r for r in run.results if r.status in ("failed", "crashed")],
+        "skipped": [r for r in run.results if r.status == "skipped"],
         "mode_labels": MODE_LABELS,
         "environment": run.environment or {},
     }

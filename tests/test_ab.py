@@ -297,6 +297,7 @@ def test_ab_between_two_interpreters_and_two_workload_directories_through_the_cl
     assert {r.variant for r in run.results} == {"A", "B"}
     report = (tmp_path / "reports" / f"{run.id}.md").read_text()
     assert "# replaybench A/B run" in report and "B slower by" in report and "B computes something else" in report
+    assert "- Skipped: graph mode (no CUDA device)." in report and "| ab_slowed | " in report.split("## Skipped")[1]
     assert str(python_b.parent.parent) in report
 
     again = cli("compare", str(run.id), "--format", "json", cwd=tmp_path)
