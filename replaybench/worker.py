@@ -83,16 +83,25 @@ def child_interpreter(variant: Variant | None) -> tuple[str, dict[str, str]]:
     return python, env
 
 
+PROBE_TIMEOUT_S = 120.0  # importing torch from a cold disk; a hung interpreter is not waited on for long
+_PROVEN: set[tuple] = set()  # interpreters (with their environment) this process has seen pass the probe
+
+
 def check_interpreter(variant: Variant) -> None:
     """A variant's own interpreter, proven able to run a measuring process (replaybench's engine and
     torch import) before a run is stored; VariantError naming what it lacks. This interpreter runs
-    one already, so a variant without ``python`` is not tried."""
+    one already, so a variant without ``python`` is not tried; one proven in this process is not
+    tried again (the CLI's check, then its flow's)."""
     if variant.python is None:
         return
     python, env = child_interpreter(variant)
+    proof = (python, tuple(sorted(env.items())))
+    if proof in _PROVEN:
+        return
     probe = "import replaybench.child, replaybench.engine, torch; print('torch', torch.__version__)"
     try:
-        out = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, timeout=STARTUP_TIMEOUT_S)
+        out = subprocess.run([python, "-c", probe], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                             timeout=PROBE_TIMEOUT_S)
         lines = out.stderr.strip().splitlines()
         why = (lines[-1] if lines else f"exit status {out.returncode}") if out.returncode else (
             None if out.stdout.startswith("torch ") else "it ran, but not as a Python interpreter")
@@ -100,6 +109,7 @@ def check_interpreter(variant: Variant) -> None:
         why = str(exc)
     if why:
         raise VariantError(f"variant {variant.name!r}: its python {python} cannot run a measuring process: {why[:300]}")
+    _PROVEN.add(proof)
 
 
 def _join(process: subprocess.Popen | None, timeout_s: float) -> None:

@@ -297,7 +297,7 @@ def test_ab_between_two_interpreters_and_two_workload_directories_through_the_cl
     assert {r.variant for r in run.results} == {"A", "B"}
     report = (tmp_path / "reports" / f"{run.id}.md").read_text()
     assert "# replaybench A/B run" in report and "B slower by" in report and "B computes something else" in report
-    assert "- Skipped: graph mode (no CUDA device)." in report and "| ab_slowed | " in report.split("## Skipped")[1]
+    assert "- Skipped: CUDA graph replay (no CUDA device)." in report and "| ab_slowed | " in report.split("## Skipped")[1]
     assert str(python_b.parent.parent) in report
 
     again = cli("compare", str(run.id), "--format", "json", cwd=tmp_path)
@@ -330,6 +330,23 @@ def test_a_variant_whose_python_cannot_run_a_measuring_process_is_refused_in_one
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr[-3000:]
         assert out.stderr.startswith(f"replaybench: error: variant {name!r}: its python ") and why in out.stderr, out.stderr
     assert not (tmp_path / "replaybench.db").exists()
+
+
+def test_an_interpreter_is_probed_once_per_process_and_not_given_stdin(tmp_path):
+    """The CLI checks a variant's interpreter, then its flow does again in the same process: the
+    second check must not import torch a second time. A probe that reads stdin reads nothing."""
+    from replaybench.variants import Variant
+    from replaybench.worker import check_interpreter
+
+    python = tmp_path / "python"
+    python.write_text(f"#!/bin/sh\necho probed >> {tmp_path / 'calls'}\ncat\necho torch 0.0\n")  # cat: ends at EOF
+    python.chmod(0o755)
+    variant = Variant(name="fake", python=python)
+    check_interpreter(variant)
+    check_interpreter(variant)
+    assert (tmp_path / "calls").read_text() == "probed\n"
+    check_interpreter(Variant(name="other", python=python, env={"REPLAYBENCH_X": "1"}))  # another environment: tried
+    assert (tmp_path / "calls").read_text() == "probed\n" * 2
 
 
 NOT_COMPILABLE = """
