@@ -322,13 +322,12 @@ def compare_runs(store: Store, base_id: int, run_id: int) -> list[dict]:
                         "value": _point(run, rows, metric).value, "change": j.change, "verdict": j.verdict.value,
                         "reason": j.reason})
     for key, (_, rows) in sorted(base_rows.items()):
-        if key in judged:
-            continue
+        in_b = {metric.name for metric, _, _ in judged.get(key, ())}
         for metric in metrics(rows[0]):
-            if (point := _point(base, rows, metric)) is not None:
+            if metric.name not in in_b and (point := _point(base, rows, metric)) is not None:
                 out.append({"workload": key[0], "params": rows[0].params, "mode": key[2], "figure": metric.name,
                             "column": metric.column, "baseline": point.value, "value": None, "change": None,
-                            "verdict": MISSING, "reason": f"not measured in run {run_id}"})
+                            "verdict": MISSING, "reason": f"{'no such figure' if in_b else 'not measured'} in run {run_id}"})
     return out
 
 

@@ -323,6 +323,15 @@ def test_compare_and_runs_for_people_and_scripts(tmp_path):
     table = replaybench("compare", str(a), str(other), cwd=tmp_path)
     assert f"0 slower, 0 faster of 0 compared; 3 only in run {a}; 3 only in run {other}" in table.stderr
 
+    blind = known_result()
+    blind.modes[1].gpu = None  # its graph's GPU time could not be read: that figure alone is missing
+    c = store.create_run("nightly", {}, env)
+    store.add_result(c, blind)
+    rows = json.loads(replaybench("compare", str(a), str(c), "--format", "json", cwd=tmp_path).stdout)
+    assert [(r["mode"], r["figure"], r["reason"]) for r in rows if r["verdict"] == "MISSING"] == [
+        ("graph", "GPU time", f"no such figure in run {c}")]
+    assert len(rows) == 3
+
 
 SMALL_MLP = '''
 """A small MLP; with SLOW_IT set, the workload named `slowed` does its work twice; with
