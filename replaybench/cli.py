@@ -82,7 +82,7 @@ def _count(text: str) -> int:
 
 
 def _given(text: str) -> str:
-    """A value that must say something: an empty --db would quietly mean the default store."""
+    """A value that must say something: an empty --db, --reports or --templates would quietly mean the default."""
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a value, got an empty one")
     return text
@@ -95,8 +95,8 @@ def _parser() -> argparse.ArgumentParser:
     def common(p, report=True):
         p.add_argument("--db", metavar="URL", type=_given, help=f"SQLAlchemy database URL (env {URL_VARIABLE}; default sqlite:///replaybench.db)")
         if report:
-            p.add_argument("--reports", metavar="DIR", help=f"report directory (env {REPORTS_VARIABLE}; default reports)")
-            p.add_argument("--templates", metavar="DIR", help=f"your own template directory (env {TEMPLATES_VARIABLE})")
+            p.add_argument("--reports", type=_given, metavar="DIR", help=f"report directory (env {REPORTS_VARIABLE}; default reports)")
+            p.add_argument("--templates", type=_given, metavar="DIR", help=f"your own template directory (env {TEMPLATES_VARIABLE})")
 
     def selection(p, budget: str, processes: str):
         p.add_argument("-w", "--workload", action="append", default=[], metavar="NAME", help="repeat for several; default: all")

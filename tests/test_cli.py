@@ -217,7 +217,9 @@ def test_runs_lists_the_newest_and_ids_limits_and_urls_the_store_cannot_take_are
             (["report", "1", "--baseline", huge], "--baseline", f"got {huge}"),
             (["compare", huge, "1"], "A", f"got {huge}"),
             (["compare", "1", "0"], "B", "got 0"),
-            (["runs", "--db", ""], "--db", "expected a value, got an empty one")):
+            (["runs", "--db", ""], "--db", "expected a value, got an empty one"),
+            (["report", "--reports", " "], "--reports", "expected a value, got an empty one"),
+            (["run", "--templates", ""], "--templates", "expected a value, got an empty one")):
         refused = replaybench(*args, cwd=tmp_path)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr  # usage and one error line
         assert f"argument {argument}: " in refused.stderr and refused.stderr.rstrip().endswith(message), refused.stderr
