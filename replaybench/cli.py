@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .report import REPORTS_VARIABLE, TEMPLATES_VARIABLE, ReportError, check_output, reports_dir, write_report
+from .report import REPORTS_VARIABLE, TEMPLATES_VARIABLE, ReportError, check_output, check_writable, reports_dir, write_report
 from .results import MODES
 from .storage import URL_VARIABLE, Store, StoreError
 from .plan import PlanError
@@ -248,7 +248,9 @@ def cmd_run(args) -> int:
     def finished(run_id: int) -> int:
         run = Store(args.db).run(run_id)
         path = reports_dir(args.reports) / f"{run_id}.md"
-        print(f"run {run_id} {run.status.replace('_', ' ')}: report {path} (also {path.parent / 'latest.md'})")
+        latest = path.parent / "latest.md"
+        also = f" (also {latest})" if latest.is_file() and path.is_file() and latest.read_bytes() == path.read_bytes() else ""
+        print(f"run {run_id} {run.status.replace('_', ' ')}: report {path}{also}")
         if run.error:
             console.print(f"run {run_id}: {run.error}", soft_wrap=True, markup=False, highlight=False)
         return 0 if run.status == "completed" else 1
@@ -678,7 +680,7 @@ def _ready_to_run_flows(args) -> None:
     _check_worker_settings()
     check_output(args.reports, args.templates, create=False)  # before anything is written or started
     _store(args)
-    check_output(args.reports, args.templates)
+    check_writable(reports_dir(args.reports))  # made now
     _settings_to_environment(args)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ def reports_dir(path: str | os.PathLike | None = None) -> Path:
 
 
 def check_writable(directory: Path, create: bool = True) -> Path:
-    """Prove a report can be written in ``directory``. With ``create`` false nothing is made on
+    """Prove a report can be written in ``directory``. With ``create`` false nothing is left on
     disk: the nearest existing ancestor must be a directory one can make a directory in (tried, and
     removed again: permission bits alone pass anything for root, even /proc)."""
     if not create:
@@ -250,10 +251,18 @@ def _template_error(name: str, exc: TemplateError) -> str:
 
 
 def _render(env: Environment, name: str, **context) -> str:
+    template = None
     try:
-        return env.get_template(name).render(**context)
+        template = env.get_template(name)
+        return template.render(**context)
     except TemplateError as exc:  # a user's template: one line naming it, not a traceback
         raise ReportError(_template_error(name, exc)) from None
+    except Exception as exc:  # a user's template may divide by zero or give a filter the wrong type
+        if template is None:
+            raise
+        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == template.filename]
+        where = (template.filename or name) + (f", line {lines[-1]}" if lines else "")
+        raise ReportError(f"template {where}: {type(exc).__name__}: {exc}") from None
 
 
 def render(
@@ -276,8 +285,9 @@ def plan_context(run, store: Store, directory: Path) -> dict:
 
 
 def write_report(store: Store, run_id: int, directory=None, template_dir=None, baseline: int | None = None) -> tuple[Path, str]:
-    """Render run ``run_id`` to ``<dir>/<run id>.md``, and to ``<dir>/latest.md`` unless a newer run
-    has ended (an older run's report printed again does not pass for the latest); returns (path, text)."""
+    """Render run ``run_id`` to ``<dir>/<run id>.md``, and to ``<dir>/latest.md`` unless ``<dir>`` holds
+    a newer run's report (an older run's report printed again does not pass for the latest, and a newer
+    run that ended without a report does not keep the latest from this one); returns (path, text)."""
     from .plots import write_plots
 
     directory = check_writable(reports_dir(directory))
@@ -290,7 +300,8 @@ def write_report(store: Store, run_id: int, directory=None, template_dir=None, b
         plots = write_plots(store, run, directory)  # PNGs beside the markdown, linked from it
         text = render(run, template_dir, store=store, baseline=baseline, plots=plots)
     path = directory / f"{run_id}.md"
-    for target in (path, *([] if store.newer_run_ended(run_id) else [directory / "latest.md"])):
+    newer_report = any(p.stem.isdigit() and int(p.stem) > run_id for p in directory.glob("*.md"))
+    for target in (path, *([] if newer_report else [directory / "latest.md"])):
         tmp = target.with_suffix(".md.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, target)  # readers never see a half-written report

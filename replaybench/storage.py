@@ -555,11 +555,6 @@ class Store:
             run.results  # load while the session is open
             return run
 
-    def newer_run_ended(self, run_id: int) -> bool:
-        """Whether a run newer than ``run_id`` has ended (whose report, not this one's, is the latest)."""
-        with self.session() as s:
-            return s.scalar(select(Run.id).where(Run.id > run_id, Run.status != "running").limit(1)) is not None
-
     def runs(self, limit: int = 50) -> list[Run]:
         with self.session() as s:
             return list(s.scalars(select(Run).order_by(Run.id.desc()).limit(limit)))

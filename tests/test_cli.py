@@ -186,6 +186,13 @@ def test_report_prints_a_stored_run(tmp_path):
     assert again.returncode == 0 and again.stdout.startswith(f"# replaybench run {run_id}")
     assert (tmp_path / "reports" / f"{run_id}.md").read_text() == again.stdout
     assert (tmp_path / "reports" / "latest.md").read_text().startswith(f"# replaybench run {newer}")
+    long_nightly = store.create_run("nightly", {})  # still measuring when a newer run is stopped
+    stopped = store.create_run("adhoc", {})
+    store.finish_run(stopped, interrupted="SIGINT")  # ended without a report
+    store.add_result(long_nightly, known_result())
+    store.finish_run(long_nightly)
+    assert replaybench("report", str(long_nightly), cwd=tmp_path).returncode == 0
+    assert (tmp_path / "reports" / "latest.md").read_text().startswith(f"# replaybench run {long_nightly}")
 
 
 def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
@@ -199,6 +206,10 @@ def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
     out = replaybench("report", "--templates", "mine", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == "replaybench: error: template report.md.j2: 'nosuch' is undefined\n"
     assert not (tmp_path / "reports" / "latest.md").exists()
+    (mine / "report.md.j2").write_text("run {{ run.id }}\n{{ run.id / 0 }}\n")  # no template error: Python's
+    out = replaybench("report", "--templates", "mine", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == (
+        f"replaybench: error: template {Path('mine') / 'report.md.j2'}, line 2: ZeroDivisionError: division by zero\n")
 
 
 def test_runs_lists_the_newest_and_ids_limits_and_urls_the_store_cannot_take_are_refused(tmp_path):
