@@ -95,7 +95,7 @@ def check_interpreter(variant: Variant) -> None:
     if variant.python is None:
         return
     python, env = child_interpreter(variant)
-    proof = (python, tuple(sorted(env.items())))
+    proof = (python, tuple(sorted(variant.env.items())))  # not all of os.environ: the CLI adds its settings
     if proof in _PROVEN:
         return
     probe = "import replaybench.child, replaybench.engine, torch; print('torch', torch.__version__)"

@@ -332,21 +332,32 @@ def test_a_variant_whose_python_cannot_run_a_measuring_process_is_refused_in_one
     assert not (tmp_path / "replaybench.db").exists()
 
 
-def test_an_interpreter_is_probed_once_per_process_and_not_given_stdin(tmp_path):
-    """The CLI checks a variant's interpreter, then its flow does again in the same process: the
-    second check must not import torch a second time. A probe that reads stdin reads nothing."""
-    from replaybench.variants import Variant
-    from replaybench.worker import check_interpreter
+def test_an_interpreter_is_probed_once_per_process_and_not_given_stdin(tmp_path, monkeypatch):
+    """The CLI checks a variant's interpreter, sets its settings in the environment, then its flow
+    checks again in the same process: the second check must not import torch a second time. A
+    probe that reads stdin reads nothing, even where stdin is an open pipe."""
+    from replaybench import worker
+    from replaybench.variants import VARIANTS_VARIABLE, Variant
 
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\necho probed >> {tmp_path / 'calls'}\ncat\necho torch 0.0\n")  # cat: ends at EOF
+    python.write_text(f"#!/bin/sh\necho probed >> {tmp_path / 'calls'}\ncat\necho torch 0.0\n")  # cat: until EOF
     python.chmod(0o755)
-    variant = Variant(name="fake", python=python)
-    check_interpreter(variant)
-    check_interpreter(variant)
-    assert (tmp_path / "calls").read_text() == "probed\n"
-    check_interpreter(Variant(name="other", python=python, env={"REPLAYBENCH_X": "1"}))  # another environment: tried
-    assert (tmp_path / "calls").read_text() == "probed\n" * 2
+    monkeypatch.setattr(worker, "PROBE_TIMEOUT_S", 5.0)
+    read_end, write_end = os.pipe()  # stdin that never ends: a probe reading it would wait out its limit
+    saved = os.dup(0)
+    os.dup2(read_end, 0)
+    try:
+        variant = Variant(name="fake", python=python)
+        worker.check_interpreter(variant)
+        monkeypatch.setenv(VARIANTS_VARIABLE, str(tmp_path / "variants.toml"))  # as cmd_ab does before its flow
+        worker.check_interpreter(variant)
+        assert (tmp_path / "calls").read_text() == "probed\n"
+        worker.check_interpreter(Variant(name="other", python=python, env={"REPLAYBENCH_X": "1"}))  # another: tried
+        assert (tmp_path / "calls").read_text() == "probed\n" * 2
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
 
 
 NOT_COMPILABLE = """
