@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 import traceback
 from collections import Counter
@@ -238,11 +239,18 @@ def check_output(reports=None, templates=None, create: bool = True) -> Path:
     report can be written in (made, with ``create``), and templates that parse. Returns the directory."""
     env = environment(templates)
     for name in TEMPLATES:
-        try:
-            env.get_template(name)
-        except TemplateError as exc:
-            raise ReportError(_template_error(name, exc)) from None
+        _load(env, name)
     return check_writable(reports_dir(reports), create=create)
+
+
+def _load(env: Environment, name: str):
+    """A template, parsed; a user's that does not parse or is not text is one line naming it."""
+    try:
+        return env.get_template(name)
+    except TemplateError as exc:
+        raise ReportError(_template_error(name, exc)) from None
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"template {name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def _template_error(name: str, exc: TemplateError) -> str:
@@ -251,15 +259,14 @@ def _template_error(name: str, exc: TemplateError) -> str:
 
 
 def _render(env: Environment, name: str, **context) -> str:
-    template = None
+    template = _load(env, name)
     try:
-        template = env.get_template(name)
         return template.render(**context)
     except TemplateError as exc:  # a user's template: one line naming it, not a traceback
         raise ReportError(_template_error(name, exc)) from None
     except Exception as exc:  # a user's template may divide by zero or give a filter the wrong type
-        if template is None:
-            raise
+        if not template.filename or Path(template.filename).resolve().is_relative_to(BUILTIN_TEMPLATES):
+            raise  # a fault of replaybench's own: its traceback is wanted
         lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == template.filename]
         where = (template.filename or name) + (f", line {lines[-1]}" if lines else "")
         raise ReportError(f"template {where}: {type(exc).__name__}: {exc}") from None
@@ -300,7 +307,9 @@ def write_report(store: Store, run_id: int, directory=None, template_dir=None, b
         plots = write_plots(store, run, directory)  # PNGs beside the markdown, linked from it
         text = render(run, template_dir, store=store, baseline=baseline, plots=plots)
     path = directory / f"{run_id}.md"
-    newer_report = any(p.stem.isdigit() and int(p.stem) > run_id for p in directory.glob("*.md"))
+    # Reports of this store's runs only: the directory may hold another database's, or old ones.
+    newer = {int(p.stem) for p in directory.glob("*.md") if re.fullmatch("[0-9]{1,18}", p.stem) and int(p.stem) > run_id}
+    newer_report = bool(newer and newer & store.run_ids_after(run_id))
     for target in (path, *([] if newer_report else [directory / "latest.md"])):
         tmp = target.with_suffix(".md.tmp")
         tmp.write_text(text, encoding="utf-8")

@@ -555,6 +555,10 @@ class Store:
             run.results  # load while the session is open
             return run
 
+    def run_ids_after(self, run_id: int) -> set[int]:
+        with self.session() as s:
+            return set(s.scalars(select(Run.id).where(Run.id > run_id)))
+
     def runs(self, limit: int = 50) -> list[Run]:
         with self.session() as s:
             return list(s.scalars(select(Run).order_by(Run.id.desc()).limit(limit)))

@@ -210,6 +210,10 @@ def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
     out = replaybench("report", "--templates", "mine", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == (
         f"replaybench: error: template {Path('mine') / 'report.md.j2'}, line 2: ZeroDivisionError: division by zero\n")
+    (mine / "report.md.j2").write_bytes(b"run \xff\n")  # not text: refused before anything is rendered
+    out = replaybench("report", "--templates", "mine", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == (
+        "replaybench: error: template report.md.j2: not UTF-8 text (invalid start byte at byte 4)\n")
 
 
 def test_runs_lists_the_newest_and_ids_limits_and_urls_the_store_cannot_take_are_refused(tmp_path):

@@ -79,6 +79,29 @@ def test_a_cell_cannot_carry_a_link_or_an_image():
     assert "see [the fix](http://evil.example)" in html  # the text itself is kept, as text
 
 
+def test_latest_is_the_newest_report_of_this_store_whatever_else_the_directory_holds(db_url, tmp_path):
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (reports / "50.md").write_text("# replaybench run 50, of another database\n")
+    (reports / "\u00b2.md").write_text("not a run's\n")  # digits to str.isdigit, not to int
+    store, run_id = stored_run(db_url, known_result())
+    _, text = write_report(store, run_id, reports)
+    assert (reports / "latest.md").read_text() == text
+
+
+def test_a_fault_in_a_builtin_template_or_filter_keeps_its_traceback(db_url, tmp_path, monkeypatch):
+    """A user's template failing is one line (test_cli); the shipped ones failing is a bug of ours."""
+    from replaybench import report
+
+    def broken(value, *digits):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(report, "us", broken)
+    store, run_id = stored_run(db_url, known_result())
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        write_report(store, run_id, tmp_path / "reports")
+
+
 def test_a_user_template_directory_overrides_the_builtin(db_url, tmp_path):
     store, run_id = stored_run(db_url, known_result())
     mine = tmp_path / "mine"
