@@ -268,7 +268,7 @@ def _render(env: Environment, name: str, **context) -> str:
         if not template.filename or Path(template.filename).resolve().is_relative_to(BUILTIN_TEMPLATES):
             raise  # a fault of replaybench's own: its traceback is wanted
         lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == template.filename]
-        where = (template.filename or name) + (f", line {lines[-1]}" if lines else "")
+        where = template.filename + (f", line {lines[-1]}" if lines else "")
         raise ReportError(f"template {where}: {type(exc).__name__}: {exc}") from None
 
 

@@ -84,7 +84,7 @@ def child_interpreter(variant: Variant | None) -> tuple[str, dict[str, str]]:
 
 
 PROBE_TIMEOUT_S = 120.0  # importing torch from a cold disk; a hung interpreter is not waited on for long
-_PROVEN: set[tuple] = set()  # interpreters (with their environment) this process has seen pass the probe
+_PROVEN: set[tuple] = set()  # interpreters (with their variant's environment) this process has seen pass the probe
 
 
 def check_interpreter(variant: Variant) -> None:
