@@ -299,13 +299,19 @@ def write_report(store: Store, run_id: int, directory=None, template_dir=None, b
 
     directory = check_writable(reports_dir(directory))
     run = store.run(run_id)
-    if run.trigger == "ab":
-        text = _render(environment(template_dir), "ab.md.j2", **ab_context(run, store))
-    elif run.trigger == "plan":
-        text = _render(environment(template_dir), "plan.md.j2", **plan_context(run, store, directory))
-    else:
-        plots = write_plots(store, run, directory)  # PNGs beside the markdown, linked from it
-        text = render(run, template_dir, store=store, baseline=baseline, plots=plots)
+    # Plots are drawn aside and join the report only once it rendered: a template that fails leaves
+    # the directory as it was (an earlier report of this run keeps its own plots).
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".plots-") as staging:
+        staging = Path(staging)
+        if run.trigger == "ab":
+            text = _render(environment(template_dir), "ab.md.j2", **ab_context(run, store))
+        elif run.trigger == "plan":
+            text = _render(environment(template_dir), "plan.md.j2", **plan_context(run, store, staging))
+        else:
+            plots = write_plots(store, run, staging)  # PNGs beside the markdown, linked from it
+            text = render(run, template_dir, store=store, baseline=baseline, plots=plots)
+        for drawn in staging.iterdir():
+            os.replace(drawn, directory / drawn.name)
     path = directory / f"{run_id}.md"
     # Reports of this store's runs only: the directory may hold another database's, or old ones.
     newer = {int(p.stem) for p in directory.glob("*.md") if re.fullmatch("[0-9]{1,18}", p.stem) and int(p.stem) > run_id}

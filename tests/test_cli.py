@@ -206,10 +206,17 @@ def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
     out = replaybench("report", "--templates", "mine", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == "replaybench: error: template report.md.j2: 'nosuch' is undefined\n"
     assert not (tmp_path / "reports" / "latest.md").exists()
+    # Its plots were drawn before it failed, and are not left behind without a report.
+    assert list((tmp_path / "reports").iterdir()) == []
+    good = replaybench("report", cwd=tmp_path)
+    assert good.returncode == 0, good.stderr
+    kept = {p.name: p.read_bytes() for p in (tmp_path / "reports").iterdir()}
+    assert f"{run_id}-speedup-vs-batch.png" in kept and f"{run_id}.md" in kept
     (mine / "report.md.j2").write_text("run {{ run.id }}\n{{ run.id / 0 }}\n")  # no template error: Python's
     out = replaybench("report", "--templates", "mine", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == (
         f"replaybench: error: template {Path('mine') / 'report.md.j2'}, line 2: ZeroDivisionError: division by zero\n")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "reports").iterdir()} == kept  # the good report, as it was
     (mine / "report.md.j2").write_bytes(b"run \xff\n")  # not text: refused before anything is rendered
     out = replaybench("report", "--templates", "mine", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == (
