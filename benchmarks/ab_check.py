@@ -81,7 +81,7 @@ def ab_run(out: Path, extra: list[str], limit_s: float | None = None) -> dict:
                 status = f"killed: still running 30 s after SIGINT at {limit_s:.0f} s"
     wall = time.monotonic() - started
     runs = json.loads(replaybench(out, "runs", "--format", "json", "--limit", "1").stdout)
-    rows = json.loads(replaybench(out, "compare", str(runs[0]["id"]), "--format", "json").stdout) if runs else []
+    rows = json.loads(replaybench(out, "compare", str(runs[0]["id"]), "--format", "json").stdout)["comparisons"] if runs else []
     configs = len({(r["workload"], json.dumps(r["params"])) for r in rows})
     print(f"\n== B=probe-on against A=probe, {configs} config(s), {wall:.0f} s, {status}")
     print_rows(rows)
@@ -128,7 +128,7 @@ def summarize_identical(rows: list[dict]) -> None:
 
 def stored_comparisons(path: str | os.PathLike) -> list[tuple[object, list[dict]]]:
     """Every A/B run in a SQLite file, oldest first, with its comparisons recomputed from its stored
-    units by the current ``replaybench.ab``: [(run, rows as `compare --format json` gives them)].
+    units by the current ``replaybench.ab``: [(run, rows as `compare --format json` gives its comparisons)].
     Read from a copy, brought to the current schema: the file itself is never changed."""
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "copy.db"

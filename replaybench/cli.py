@@ -30,7 +30,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .report import REPORTS_VARIABLE, TEMPLATES_VARIABLE, ReportError, check_output, check_writable, reports_dir, write_report
-from .results import MODES
+from .results import MODE_LABELS, MODES
 from .storage import URL_VARIABLE, Store, StoreError
 from .plan import PlanError
 from .variants import DEFAULT_FILE, VARIANTS_VARIABLE, VariantError
@@ -495,9 +495,14 @@ def _print_plan(data: dict) -> None:
 def _print_ab(store: Store, run_id: int, form: str) -> None:
     from .report import ab_rows, params_label
 
-    rows = ab_rows(store, store.run(run_id))
+    run = store.run(run_id)
+    rows = ab_rows(store, run)
+    # What was not compared is part of the answer: a mode skipped on this host, a variant that failed.
+    apart = {status: [{"workload": r.workload, "params": r.params, "variant": r.variant, "mode": r.mode, "phase": r.phase,
+                       "reason": r.reason} for r in run.results if r.status in statuses]
+             for status, statuses in (("failures", ("failed", "crashed")), ("skipped", ("skipped",)))}
     if form == "json":
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"run": run.id, "status": run.status, "comparisons": rows, **apart}, indent=2))
         return
     table = Table("workload", "config", "mode", "figure", "A", "B", "B against A [95% CI]")
     for row in rows:
@@ -508,6 +513,11 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
         table.add_row(row["workload"], params_label(row["params"]), row["mode"], row["metric"], fmt(row["a"]), fmt(row["b"]),
                       row["text"] + (", below the minimum effect" if row["below_min_effect"] else ""), style=style)
     _tables().print(table)
+    skipped = Counter((MODE_LABELS.get(r["mode"], r["mode"]), r["reason"]) for r in apart["skipped"])
+    for (mode, reason), n in skipped.items():
+        console.print(f"skipped: {mode} ({reason}), {n} measurement(s)", soft_wrap=True, markup=False, highlight=False)
+    if apart["failures"]:
+        console.print(f"{len(apart['failures'])} measurement(s) failed: replaybench report {run.id} lists them", soft_wrap=True)
 
 
 def cmd_report(args) -> int:

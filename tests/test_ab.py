@@ -278,7 +278,12 @@ def test_ab_between_two_interpreters_and_two_workload_directories_through_the_cl
     done = cli("ab", "base", "candidate", "--variants", str(file), "-w", "ab_slowed", "-w", "ab_changed",
                "--processes", "3", "--time-budget", "1", "--format", "json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(done.stdout)
+    out = json.loads(done.stdout)
+    rows = out["comparisons"]
+    assert out["status"] == "completed" and out["failures"] == []
+    # The graph modes it could not measure are in the answer, for each config and variant, with the reason.
+    assert sorted((r["workload"], r["variant"], r["mode"], r["reason"]) for r in out["skipped"]) == [
+        (w, v, "graph", "no CUDA device") for w in ("ab_changed", "ab_slowed") for v in "AB"]
     slowed = {(r["mode"], r["metric"]): r for r in rows if r["workload"] == "ab_slowed"}
     assert set(slowed) == {("eager", "time per call")}  # eager only on the CPU: no graph row to read
     eager = slowed[("eager", "time per call")]
@@ -301,7 +306,10 @@ def test_ab_between_two_interpreters_and_two_workload_directories_through_the_cl
     assert str(python_b.parent.parent) in report
 
     again = cli("compare", str(run.id), "--format", "json", cwd=tmp_path)
-    assert again.returncode == 0 and json.loads(again.stdout) == rows
+    assert again.returncode == 0 and json.loads(again.stdout) == out
+    table = cli("compare", str(run.id), cwd=tmp_path)
+    assert table.returncode == 0 and "B slower by" in table.stdout
+    assert "skipped: CUDA graph replay (no CUDA device)" in table.stderr and "failed" not in table.stderr
     refused = cli("compare", str(run.id), str(run.id), cwd=tmp_path)
     assert refused.returncode == 2 and "A/B run" in refused.stderr
 
@@ -390,7 +398,9 @@ def test_a_mode_failing_in_b_leaves_the_other_modes_compared(tmp_path):
     done = cli("ab", "a", "b", "--variants", "variants.toml", "-w", "ab_compiled", "--mode", "compile",
                "--processes", "2", "--time-budget", "0.5", "--format", "json", cwd=tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]  # B's failed mode: completed with failures
-    rows = {(r["mode"], r["metric"]): r for r in json.loads(done.stdout)}
+    out = json.loads(done.stdout)
+    rows = {(r["mode"], r["metric"]): r for r in out["comparisons"]}
+    assert [(r["variant"], r["mode"], r["phase"]) for r in out["failures"]] == [("B", "compile", "check")]
     assert rows[("eager", "time per call")]["ratio"] is not None
     assert rows[("compile", "time per call")]["verdict"] == "not compared"
     run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
