@@ -82,14 +82,22 @@ def _count(text: str) -> int:
 
 
 def _given(text: str) -> str:
-    """A value that must say something: an empty --db, --reports or --templates would quietly mean the default."""
+    """A value that must say something: an empty path (--db, --reports, --templates, --variants,
+    --traffic-file) would quietly mean the default."""
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a value, got an empty one")
     return text
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad input is one line on stderr, naming the command (its usage is in --help), as every other refusal is."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="replaybench", description="Does CUDA Graph capture pay off for this model?")
+    parser = _Parser(prog="replaybench", description="Does CUDA Graph capture pay off for this model?")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p, report=True):
@@ -122,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
     ab = sub.add_parser("ab", help="measure two variants of the code under test side by side: B against A, per config")
     ab.add_argument("a", metavar="A", help="the baseline variant: a name declared in the variants file")
     ab.add_argument("b", metavar="B", help="the variant compared against A")
-    ab.add_argument("--variants", metavar="FILE", help=f"the variants file (env {VARIANTS_VARIABLE}; default {DEFAULT_FILE})")
+    ab.add_argument("--variants", type=_given, metavar="FILE", help=f"the variants file (env {VARIANTS_VARIABLE}; default {DEFAULT_FILE})")
     selection(ab, "both variants together; default 6", "measuring processes per variant, a pair per core (default 12, at least 2)")
     ab.add_argument("--min-effect", type=float, metavar="F",
                     help="an interval holding no change and narrower than +/- this reads 'no difference' (default 0.05)")
@@ -136,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--candidates", metavar="SIZES", help="candidate batch sizes, e.g. 1-256 (default) or 1,2,4,8-256:8")
     traffic = plan.add_mutually_exclusive_group()
     traffic.add_argument("--traffic", metavar="SPEC", help="zipf (default: weight 1/b), uniform, or weights such as 1:40,2-8:30,9-256:30")
-    traffic.add_argument("--traffic-file", metavar="FILE", help="observed batch sizes, whitespace or comma separated")
+    traffic.add_argument("--traffic-file", type=_given, metavar="FILE", help="observed batch sizes, whitespace or comma separated")
     plan.add_argument("--memory-budget", type=float, metavar="MIB", help="graph memory the plan may take (default: no limit)")
     plan.add_argument("--calls", type=int, metavar="N", help="batches in the replayed trace (default 2000)")
     plan.add_argument("--passes", type=int, metavar="N", help="times each size and the trace are timed (default 5)")
@@ -203,6 +211,25 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The options that fill each parameter field: a refusal names what the user typed.
+OPTIONS = {"workloads": "-w/--workload", "batch_sizes": "-b/--batch-size", "dtypes": "--dtype", "dtype": "--dtype",
+           "modes": "--mode", "sizes": "--set", "precision": "--precision", "time_budget_s": "--time-budget",
+           "timeout_s": "--timeout", "processes": "--processes", "confirm_limit": "--confirm-limit",
+           "min_effect": "--min-effect", "a": "A", "b": "B", "workload": "WORKLOAD", "candidates": "--candidates",
+           "traffic": "--traffic", "calls": "--calls", "passes": "--passes", "memory_budget_mib": "--memory-budget"}
+
+
+def _invalid(exc: ValidationError) -> UsageError:
+    """A parameter model's refusal as argparse words it: the option, what is wrong, what was given."""
+    err = exc.errors()[0]
+    loc = [str(p) for p in err["loc"]]
+    option = OPTIONS.get(loc[0], loc[0]) if loc else None
+    if loc[:1] == ["sizes"] and len(loc) > 1:
+        option = f"--set {loc[1]}"
+    message = f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})"
+    return UsageError(f"argument {option}: {message}" if option else message)
+
+
 def _parameters(args, model=None, **more):
     from .params import RunParameters
 
@@ -223,9 +250,7 @@ def _parameters(args, model=None, **more):
     try:
         return (model or RunParameters)(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        raise UsageError(f"invalid {where}: {err['msg']} (got {err.get('input')!r})") from None
+        raise _invalid(exc) from None
 
 
 def _store(args, create: bool = True) -> Store:
@@ -446,8 +471,7 @@ def cmd_plan(args) -> int:
     try:
         parameters = PlanParameters(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise UsageError(f"invalid {'.'.join(str(p) for p in err['loc'])}: {err['msg']} (got {err.get('input')!r})") from None
+        raise _invalid(exc) from None
     config = parameters.config(load_registry())
     max_run_s()  # the operator's cap, checked before anything starts
     candidates, _ = resolve_traffic(parameters, None)
@@ -520,12 +544,20 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
         console.print(f"{len(apart['failures'])} measurement(s) failed: replaybench report {run.id} lists them", soft_wrap=True)
 
 
+def _judgeable(store: Store, ident: int, why: str) -> None:
+    """A run that exists and whose configs can be judged against another run's: not an A/B run or a plan."""
+    kind = {"ab": "an A/B run", "plan": "a capture plan"}.get(store.run(ident).trigger)
+    if kind:
+        raise UsageError(f"run {ident} is {kind}: {why}")
+
+
 def cmd_report(args) -> int:
     check_output(args.reports, args.templates, create=False)  # before the store is opened or made
     store = _store(args, create=False)
     run_id = store.run(args.run_id).id
     if args.baseline is not None:
-        store.run(args.baseline)  # exists
+        for ident in (run_id, args.baseline):
+            _judgeable(store, ident, "--baseline judges one run's configs against another's")
     _, text = write_report(store, run_id, args.reports, args.templates, baseline=args.baseline)
     sys.stdout.write(text)
     return 0
@@ -561,6 +593,8 @@ def cmd_compare(args) -> int:
         return 0
     if "ab" in (store.run(args.base).trigger, store.run(args.run).trigger):
         raise UsageError("an A/B run holds two variants: compare its B against its A with replaybench compare RUN")
+    for ident in (args.base, args.run):
+        _judgeable(store, ident, f"its report is replaybench report {ident}")
     rows = compare_runs(store, args.base, args.run)
     if args.format == "json":
         print(json.dumps(rows, indent=2))
@@ -726,7 +760,11 @@ def cmd_worker(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_help(sys.stderr)  # a bare `replaybench`: what it can do, not a one-line refusal
+        return 2
+    args = parser.parse_args(argv)
     handler = {
         "run": cmd_run, "report": cmd_report, "runs": cmd_runs, "workloads": cmd_workloads,
         "serve": cmd_serve, "setup": cmd_setup, "worker": cmd_worker, "compare": cmd_compare,

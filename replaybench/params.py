@@ -54,7 +54,7 @@ def max_run_s() -> float:
 class Selection(BaseModel):
     """What to measure and how precisely: shared by runs and A/B runs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # nan passes no bound: refuse it by name
 
     workloads: list[str] = Field(
         default_factory=list, description="workload names; empty means every registered workload"
@@ -85,9 +85,11 @@ class Selection(BaseModel):
         )
 
     def configs(self, registry: Registry) -> list[BenchConfig]:
+        OPTION = {"batch_size": "-b", "dtype": "--dtype"}
         for key, given in (("batch_size", self.batch_sizes), ("dtype", self.dtypes)):
             if given and self.sizes.get(key):
-                raise WorkloadError(f"{key} is given twice (as {key}s and in sizes); give it once")
+                raise WorkloadError(f"{key} is given twice (as {key}s and in sizes; on the command line, "
+                                    f"{OPTION[key]} and --set); give it once")
         narrow = {"batch_size": self.batch_sizes, "dtype": self.dtypes, **self.sizes}
         configs = expand(registry, self.workloads or None, narrow, full=self.full_grid)
         limit = max_configs()
@@ -131,7 +133,7 @@ class PlanParameters(BaseModel):
     """A capture plan (``replaybench plan``): one workload config, the candidate batch sizes, the
     traffic and the graph-memory budget. Text fields are parsed and bounded by ``replaybench.plan``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # nan passes no bound: refuse it by name
 
     workload: str = Field("gpt_decode_step", max_length=128, description="the workload to plan captures for")
     dtype: DType = "float32"

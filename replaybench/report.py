@@ -262,14 +262,15 @@ def _render(env: Environment, name: str, **context) -> str:
     template = _load(env, name)
     try:
         return template.render(**context)
-    except TemplateError as exc:  # a user's template: one line naming it, not a traceback
-        raise ReportError(_template_error(name, exc)) from None
-    except Exception as exc:  # a user's template may divide by zero or give a filter the wrong type
-        if not template.filename or Path(template.filename).resolve().is_relative_to(BUILTIN_TEMPLATES):
+    except Exception as exc:  # a user's template may name nothing, divide by zero or give a filter the wrong type
+        ours = not template.filename or Path(template.filename).resolve().is_relative_to(BUILTIN_TEMPLATES)
+        if ours and not isinstance(exc, TemplateError):
             raise  # a fault of replaybench's own: its traceback is wanted
+        # One line naming the file and the template line that failed (jinja maps its frames to them).
         lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == template.filename]
-        where = template.filename + (f", line {lines[-1]}" if lines else "")
-        raise ReportError(f"template {where}: {type(exc).__name__}: {exc}") from None
+        where = (template.filename or name) + (f", line {lines[-1]}" if lines else "")
+        what = exc.message if isinstance(exc, TemplateError) and exc.message else f"{type(exc).__name__}: {exc}"
+        raise ReportError(f"template {where}: {what}") from None
 
 
 def render(
@@ -294,7 +295,9 @@ def plan_context(run, store: Store, directory: Path) -> dict:
 def write_report(store: Store, run_id: int, directory=None, template_dir=None, baseline: int | None = None) -> tuple[Path, str]:
     """Render run ``run_id`` to ``<dir>/<run id>.md``, and to ``<dir>/latest.md`` unless ``<dir>`` holds
     a newer run's report (an older run's report printed again does not pass for the latest, and a newer
-    run that ended without a report does not keep the latest from this one); returns (path, text)."""
+    run that ended without a report does not keep the latest from this one); returns (path, text).
+    Judged against a pinned ``baseline``, it is ``<run id>-against-<baseline>.md`` and never the latest:
+    the run's own report, judged against the nightly history, stays as it was."""
     from .plots import write_plots
 
     directory = check_writable(reports_dir(directory))
@@ -312,11 +315,14 @@ def write_report(store: Store, run_id: int, directory=None, template_dir=None, b
             text = render(run, template_dir, store=store, baseline=baseline, plots=plots)
         for drawn in staging.iterdir():
             os.replace(drawn, directory / drawn.name)
-    path = directory / f"{run_id}.md"
-    # Reports of this store's runs only: the directory may hold another database's, or old ones.
-    newer = {int(p.stem) for p in directory.glob("*.md") if re.fullmatch("[0-9]{1,18}", p.stem) and int(p.stem) > run_id}
-    newer_report = bool(newer and newer & store.run_ids_after(run_id))
-    for target in (path, *([] if newer_report else [directory / "latest.md"])):
+    if baseline is not None:
+        path, latest = directory / f"{run_id}-against-{baseline}.md", False
+    else:
+        path = directory / f"{run_id}.md"
+        # Reports of this store's runs only: the directory may hold another database's, or old ones.
+        newer = {int(p.stem) for p in directory.glob("*.md") if re.fullmatch("[0-9]{1,18}", p.stem) and int(p.stem) > run_id}
+        latest = not (newer and newer & store.run_ids_after(run_id))
+    for target in (path, *([directory / "latest.md"] if latest else [])):
         tmp = target.with_suffix(".md.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, target)  # readers never see a half-written report

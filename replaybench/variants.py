@@ -120,7 +120,8 @@ def load_variants(path: str | os.PathLike | None = None) -> dict[str, Variant]:
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
-            raise VariantError(f"variants file {str(file)!r}, variant {name!r}, {where}: {err['msg']}") from None
+            message = err["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own words
+            raise VariantError(f"variants file {str(file)!r}, variant {name!r}, {where}: {message}") from None
     return out
 
 

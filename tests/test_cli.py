@@ -25,11 +25,13 @@ def replaybench(*args, cwd, env=None):
     "args, message",
     [
         (["-w", "nope"], "unknown workload 'nope'; known workloads: "),
-        (["-b", "0"], "invalid batch_sizes.0: Input should be greater than or equal to 1"),
+        (["-b", "0"], "replaybench: error: argument -b/--batch-size: Input should be greater than or equal to 1 (got 0)"),
         (["-b", "-5"], "greater than or equal to 1"),
-        (["--dtype", "float8"], "invalid dtypes.0"),
-        (["--mode", "warp"], "invalid modes.0"),
-        (["--time-budget", "0"], "invalid time_budget_s"),
+        (["--dtype", "float8"], "argument --dtype: Input should be 'float32', "),
+        (["--mode", "warp"], "argument --mode: "),
+        (["--time-budget", "0"], "argument --time-budget: Input should be greater than 0"),
+        (["--time-budget", "nan"], "argument --time-budget: Input should be a finite number (got nan)"),
+        (["--time-budget", "700"], "argument --time-budget: Input should be less than or equal to 600 (got 700.0)"),
         (["--set", "colour=red"], "unknown parameter(s) colour"),
         (["--db", "sqlite:////no/such/dir/r.db"], "directory /no/such/dir does not exist"),
         (["--db", "::nonsense::"], "malformed database URL"),
@@ -43,7 +45,7 @@ def replaybench(*args, cwd, env=None):
         (["--db", "postgres ql://u:pw@h/x"], "malformed database URL 'postgres ql://u:***@h/x'"),
         (["--db", "postgresql://u:pw@127.0.0.1:notaport/x"], "malformed database URL 'postgresql://u:***@127.0.0.1"),
         (["--full-grid"], "the selection holds 381 configs, more than the 100 a run may measure"),
-        (["-b", "1", "--set", "batch_size=8"], "batch_size is given twice (as batch_sizes and in sizes); give it once"),
+        (["-b", "1", "--set", "batch_size=8"], "batch_size is given twice (as batch_sizes and in sizes; on the command line, -b and --set)"),
         (["--time-budget", "40"], "the selection's time budget, 19 configs x 40 s of timed rounds = 760 s, is more than "
                                   "the 600 s a run may measure ($REPLAYBENCH_MAX_RUN_S, set where the runs are measured)"),
     ],
@@ -204,7 +206,8 @@ def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
     mine.mkdir()
     (mine / "report.md.j2").write_text("run {{ run.id }}\n{{ nosuch.attr }}\n")
     out = replaybench("report", "--templates", "mine", cwd=tmp_path)
-    assert out.returncode == 2 and out.stderr == "replaybench: error: template report.md.j2: 'nosuch' is undefined\n"
+    assert out.returncode == 2 and out.stderr == (
+        f"replaybench: error: template {Path('mine') / 'report.md.j2'}, line 2: 'nosuch' is undefined\n")
     assert not (tmp_path / "reports" / "latest.md").exists()
     # Its plots were drawn before it failed, and are not left behind without a report.
     assert list((tmp_path / "reports").iterdir()) == []
@@ -241,10 +244,35 @@ def test_runs_lists_the_newest_and_ids_limits_and_urls_the_store_cannot_take_are
             (["compare", "1", "0"], "B", "got 0"),
             (["runs", "--db", ""], "--db", "expected a value, got an empty one"),
             (["report", "--reports", " "], "--reports", "expected a value, got an empty one"),
-            (["run", "--templates", ""], "--templates", "expected a value, got an empty one")):
+            (["run", "--templates", ""], "--templates", "expected a value, got an empty one"),
+            (["ab", "a", "b", "--variants", ""], "--variants", "expected a value, got an empty one"),
+            (["plan", "--traffic-file", " "], "--traffic-file", "expected a value, got an empty one"),
+            (["run", "-b", "abc"], "-b/--batch-size", "invalid int value: 'abc'")):
         refused = replaybench(*args, cwd=tmp_path)
-        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr  # usage and one error line
-        assert f"argument {argument}: " in refused.stderr and refused.stderr.rstrip().endswith(message), refused.stderr
+        assert refused.returncode == 2, refused.stderr
+        # One line naming the command and the argument, as every other refusal: no usage block.
+        assert refused.stderr.startswith(f"replaybench {args[0]}: error: argument {argument}: "), refused.stderr
+        assert refused.stderr.endswith(f"{message}\n") and refused.stderr.count("\n") == 1, refused.stderr
+    bare = replaybench(cwd=tmp_path)
+    assert bare.returncode == 2 and bare.stderr.startswith("usage: replaybench") and "measure workloads" in bare.stderr
+    assert [r.id for r in Store(f"sqlite:///{tmp_path / 'replaybench.db'}").runs()] == ids[::-1]  # nothing started
+
+
+def test_runs_without_configs_to_judge_are_refused_by_compare_and_baseline(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
+    nightly = store.create_run("nightly", {})
+    store.add_result(nightly, known_result())
+    store.finish_run(nightly)
+    plan, other_plan, ab = store.create_run("plan", {}), store.create_run("plan", {}), store.create_run("ab", {})
+    for args, message in ((["compare", str(plan), str(other_plan)], f"run {plan} is a capture plan: its report is "
+                                                                     f"replaybench report {plan}"),
+                          (["compare", str(nightly), str(plan)], f"run {plan} is a capture plan"),
+                          (["report", str(nightly), "--baseline", str(ab)], f"run {ab} is an A/B run: --baseline judges"),
+                          (["report", str(plan), "--baseline", str(nightly)], f"run {plan} is a capture plan: --baseline")):
+        out = replaybench(*args, cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr.startswith(f"replaybench: error: {message}"), (args, out.stderr)
+        assert out.stderr.count("\n") == 1 and out.stdout == ""
+    assert not (tmp_path / "reports").exists()
 
 
 def test_workloads_lists_the_registry(tmp_path):
@@ -419,9 +447,14 @@ def test_two_measured_runs_mark_exactly_the_slowed_workload_slower(tmp_path):
     assert verdicts[("steady", "eager")] != "SLOWER"
     assert not any(v == "SLOWER" for (w, _), v in verdicts.items() if w == "steady")
 
+    own = (tmp_path / "reports" / "2.md").read_text()
     out = replaybench("report", "2", "--baseline", "1", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
-    report = (tmp_path / "reports" / "2.md").read_text()
+    report = (tmp_path / "reports" / "2-against-1.md").read_text()
+    assert out.stdout == report
+    # The run's own report, judged against the history, is neither replaced nor the latest's stand-in.
+    assert (tmp_path / "reports" / "2.md").read_text() == own == (tmp_path / "reports" / "latest.md").read_text()
+    assert "pinned baseline" not in own
     slowed = report.split("## slowed")[1].split("\n## ")[0]
     steady = report.split("## steady")[1].split("\n## ")[0]
     assert "**SLOWER**" in slowed and "SLOWER" not in steady

@@ -146,12 +146,14 @@ def cli(*args, cwd):
 @pytest.mark.parametrize("args, why", [
     (("--candidates", "0-4"), "candidate sizes"),
     (("--traffic", "1:5,300:1"), "above the largest candidate size, 256"),
-    (("--memory-budget", "-1"), "memory_budget_mib"),
+    (("--memory-budget", "-1"), "argument --memory-budget: Input should be greater than 0 (got -1.0)"),
     (("--set", "layers=3"), "layers=3 is not one of its values"),
     (("--set", "batch_size=3"), "batch_size cannot be set here"),
     (("no_such_workload",), "unknown workload"),
     (("--traffic-file", "missing.txt"), "traffic file missing.txt"),
-    (("--calls", "5"), "calls"),
+    (("--calls", "5"), "argument --calls: Input should be greater than or equal to 100 (got 5)"),
+    (("--traffic-file", ""), "argument --traffic-file: expected a value, got an empty one"),  # not zipf in its place
+    (("--memory-budget", "nan"), "argument --memory-budget: Input should be a finite number"),
     (("--candidates", "1-65536:256", "--traffic", "uniform"), "more than 1024"),
     (("--max-run-s", "abc"), "REPLAYBENCH_MAX_RUN_S must be a positive number"),
 ])
@@ -161,7 +163,7 @@ def test_bad_plan_input_is_one_line_and_exit_2_with_nothing_written(tmp_path, ar
         args = ()
     result = cli(*args, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
-    assert result.stderr.count("\n") == 1 and why in result.stderr and result.stderr.startswith("replaybench: error:")
+    assert result.stderr.count("\n") == 1 and why in result.stderr and result.stderr.startswith(("replaybench: error:", "replaybench plan: error:"))
     assert list(tmp_path.iterdir()) == []  # no database, no report
 
 
