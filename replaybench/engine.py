@@ -162,7 +162,7 @@ class Session:
         if p.eager_output is not None and self.outputs.get("expected") is not None:
             try:
                 expected = pickle.loads(self.outputs["expected"])
-                why, _ = compare(tuple(t.to(p.device) for t in expected), p.eager_output)
+                why, _ = compare(tuple(t.to(p.device) for t in expected), p.eager_output, against="A's")
             except Exception as exc:  # another torch's tensors, say: not comparable here
                 why = f"cannot compare with A's outputs: {describe(exc)}"
             outputs["output_differs"] = why

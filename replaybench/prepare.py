@@ -51,8 +51,9 @@ def clone_outputs(out) -> tuple:
     raise TypeError(f"workload returned {type(out).__name__}; expected a tensor or a tuple of tensors")
 
 
-def compare(expected: tuple, actual: tuple) -> tuple[str | None, float]:
-    """Returns (why they differ or None, max abs difference); tolerances are torch's per dtype."""
+def compare(expected: tuple, actual: tuple, against: str = "eager") -> tuple[str | None, float]:
+    """Returns (why they differ or None, max abs difference); tolerances are torch's per dtype.
+    ``against`` names where ``expected`` came from, for the reason."""
     if len(expected) != len(actual):
         return f"{len(actual)} outputs, expected {len(expected)}", float("inf")
     worst = 0.0
@@ -63,7 +64,7 @@ def compare(expected: tuple, actual: tuple) -> tuple[str | None, float]:
             torch.testing.assert_close(a, e)
         except AssertionError as exc:
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-            return f"output {i} differs from eager: " + "; ".join(lines[:3]), worst
+            return f"output {i} differs from {against}: " + "; ".join(lines[:3]), worst
     return None, worst
 
 

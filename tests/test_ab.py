@@ -128,6 +128,13 @@ def test_a_real_runs_differences_below_the_minimum_effect_are_told_apart_in_its_
         if r["verdict"] in ("slower", "faster", "lower", "higher"):
             assert ("below the +/-5% minimum effect" in lines[r["text"]]) == r["below_min_effect"]
             assert ("**" in lines[r["text"]]) != r["below_min_effect"]
+    # A's and B's figures carry their units: microseconds per call, or the speedup's factor.
+    table = report.split("## B against A")[1].split("\n## ")[0].splitlines()[4:]
+    assert len([line for line in table if line.startswith("| ")]) == len(rows)
+    for line in filter(None, table):
+        cells = line.split(" | ")
+        unit = "x" if cells[3] == "speedup" else " us"
+        assert all(c.endswith(unit) or c == "n/a" for c in cells[4:6]) and cells[4:6] != ["n/a", "n/a"], line
     store.engine.dispose()
 
 
@@ -164,7 +171,7 @@ def test_a_bad_variants_file_is_one_clear_line(tmp_path, text, why):
     file.write_text(text.replace("{tmp}", str(tmp_path)))
     with pytest.raises(VariantError, match=".*".join(map(__import__("re").escape, [str(file), why]))) as caught:
         load_variants(file)
-    assert "\n" not in str(caught.value)
+    assert "\n" not in str(caught.value) and "Value error" not in str(caught.value)  # the reason alone, no pydantic prefix
 
 
 def test_variants_are_picked_by_name_only(tmp_path):
@@ -289,7 +296,7 @@ def test_ab_between_two_interpreters_and_two_workload_directories_through_the_cl
     eager = slowed[("eager", "time per call")]
     assert eager["verdict"] == "slower" and eager["ci_low"] > 1.5 and eager["b"] > eager["a"]
     changed = [r for r in rows if r["workload"] == "ab_changed"]
-    assert changed and all(r["verdict"] == "not compared" and "B computes something else" in r["text"] for r in changed)
+    assert changed and all(r["verdict"] == "not compared" and "B computes something else (output 0 differs from A's: " in r["text"] for r in changed)
 
     store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
     run = store.run()
