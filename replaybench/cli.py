@@ -526,7 +526,7 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
                        "reason": r.reason} for r in run.results if r.status in statuses]
              for status, statuses in (("failures", ("failed", "crashed")), ("skipped", ("skipped",)))}
     if form == "json":
-        print(json.dumps({"run": run.id, "status": run.status, "comparisons": rows, **apart}, indent=2))
+        print(json.dumps({"run": run.id, "status": run.status, "error": run.error, "comparisons": rows, **apart}, indent=2))
         return
     table = Table("workload", "config", "mode", "figure", "A", "B", "B against A [95% CI]")
     for row in rows:
@@ -586,6 +586,7 @@ def cmd_compare(args) -> int:
     store = _store(args, create=False)
     if args.run is None:
         if store.run(args.base).trigger != "ab":
+            _judgeable(store, args.base, f"its report is replaybench report {args.base}")  # a plan: compared with nothing
             raise UsageError(f"run {args.base} is not an A/B run: compare it with another run (replaybench compare A B)")
         if args.format == "markdown":
             raise UsageError("an A/B run's markdown is its report: replaybench report " + str(args.base))

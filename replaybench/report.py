@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 import tempfile
+import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
@@ -263,12 +265,19 @@ def _render(env: Environment, name: str, **context) -> str:
     try:
         return template.render(**context)
     except Exception as exc:  # a user's template may name nothing, divide by zero or give a filter the wrong type
-        ours = not template.filename or Path(template.filename).resolve().is_relative_to(BUILTIN_TEMPLATES)
+        # Where it failed: a syntax error of an included template says so itself; otherwise the last
+        # template frame (jinja maps its frames to template files and lines), which may be an include.
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.endswith(".py")]
+        if isinstance(exc, TemplateError) and getattr(exc, "filename", None) and getattr(exc, "lineno", None):
+            file, line = exc.filename, exc.lineno
+        elif frames:
+            file, line = frames[-1].filename, frames[-1].lineno
+        else:
+            file, line = template.filename or name, None
+        ours = not template.filename or Path(file).resolve().is_relative_to(BUILTIN_TEMPLATES)
         if ours and not isinstance(exc, TemplateError):
             raise  # a fault of replaybench's own: its traceback is wanted
-        # One line naming the file and the template line that failed (jinja maps its frames to them).
-        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == template.filename]
-        where = (template.filename or name) + (f", line {lines[-1]}" if lines else "")
+        where = file + (f", line {line}" if line else "")
         what = exc.message if isinstance(exc, TemplateError) and exc.message else f"{type(exc).__name__}: {exc}"
         raise ReportError(f"template {where}: {what}") from None
 
@@ -292,6 +301,19 @@ def plan_context(run, store: Store, directory: Path) -> dict:
     return {"run": run, "plan": data, "plot": plot, "environment": run.environment or {}}
 
 
+STAGING = ".plots-"
+
+
+def _remove_stale_staging(directory: Path, age_s: float = 3600) -> None:
+    """Staging directories that a killed report writer left (none is in use for an hour)."""
+    for stale in directory.glob(f"{STAGING}*"):
+        try:
+            if time.time() - stale.stat().st_mtime > age_s:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass  # another writer removed it first
+
+
 def write_report(store: Store, run_id: int, directory=None, template_dir=None, baseline: int | None = None) -> tuple[Path, str]:
     """Render run ``run_id`` to ``<dir>/<run id>.md``, and to ``<dir>/latest.md`` unless ``<dir>`` holds
     a newer run's report (an older run's report printed again does not pass for the latest, and a newer
@@ -303,8 +325,10 @@ def write_report(store: Store, run_id: int, directory=None, template_dir=None, b
     directory = check_writable(reports_dir(directory))
     run = store.run(run_id)
     # Plots are drawn aside and join the report only once it rendered: a template that fails leaves
-    # the directory as it was (an earlier report of this run keeps its own plots).
-    with tempfile.TemporaryDirectory(dir=directory, prefix=".plots-") as staging:
+    # the directory as it was (an earlier report of this run keeps its own plots). A report against a
+    # pinned baseline adds the plots the run's own report lacks and replaces none of them.
+    _remove_stale_staging(directory)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=STAGING) as staging:
         staging = Path(staging)
         if run.trigger == "ab":
             text = _render(environment(template_dir), "ab.md.j2", **ab_context(run, store))
@@ -314,7 +338,8 @@ def write_report(store: Store, run_id: int, directory=None, template_dir=None, b
             plots = write_plots(store, run, staging)  # PNGs beside the markdown, linked from it
             text = render(run, template_dir, store=store, baseline=baseline, plots=plots)
         for drawn in staging.iterdir():
-            os.replace(drawn, directory / drawn.name)
+            if baseline is None or not (directory / drawn.name).exists():
+                os.replace(drawn, directory / drawn.name)
     if baseline is not None:
         path, latest = directory / f"{run_id}-against-{baseline}.md", False
     else:

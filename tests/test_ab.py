@@ -287,7 +287,7 @@ def test_ab_between_two_interpreters_and_two_workload_directories_through_the_cl
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout)
     rows = out["comparisons"]
-    assert out["status"] == "completed" and out["failures"] == []
+    assert out["status"] == "completed" and out["error"] is None and out["failures"] == []
     # The graph modes it could not measure are in the answer, for each config and variant, with the reason.
     assert sorted((r["workload"], r["variant"], r["mode"], r["reason"]) for r in out["skipped"]) == [
         (w, v, "graph", "no CUDA device") for w in ("ab_changed", "ab_slowed") for v in "AB"]

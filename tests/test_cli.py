@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -213,13 +214,27 @@ def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
     assert list((tmp_path / "reports").iterdir()) == []
     good = replaybench("report", cwd=tmp_path)
     assert good.returncode == 0, good.stderr
+    plot = tmp_path / "reports" / f"{run_id}-speedup-vs-batch.png"
+    assert plot.exists() and (tmp_path / "reports" / f"{run_id}.md").exists()
+    plot.unlink()  # a failing render must not draw it again
     kept = {p.name: p.read_bytes() for p in (tmp_path / "reports").iterdir()}
-    assert f"{run_id}-speedup-vs-batch.png" in kept and f"{run_id}.md" in kept
+    # A staging directory a killed writer left an hour ago goes; one in use now stays.
+    for name, age in ((".plots-killed", 7200), (".plots-busy", 0)):
+        (tmp_path / "reports" / name).mkdir()
+        os.utime(tmp_path / "reports" / name, (time.time() - age,) * 2)
     (mine / "report.md.j2").write_text("run {{ run.id }}\n{{ run.id / 0 }}\n")  # no template error: Python's
     out = replaybench("report", "--templates", "mine", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == (
         f"replaybench: error: template {Path('mine') / 'report.md.j2'}, line 2: ZeroDivisionError: division by zero\n")
+    (tmp_path / "reports" / ".plots-busy").rmdir()
     assert {p.name: p.read_bytes() for p in (tmp_path / "reports").iterdir()} == kept  # the good report, as it was
+    # A template it includes fails: that file and its line are named, whatever the error.
+    (mine / "report.md.j2").write_text('run {{ run.id }}\n{% include "part.j2" %}\n')
+    for body, why in (("{{ 1 + }}", "unexpected 'end of print statement'"), ("{{ nope.x }}", "'nope' is undefined"),
+                      ("{{ 1 / 0 }}", "ZeroDivisionError: division by zero")):
+        (mine / "part.j2").write_text(f"a\nb\n{body}\n")
+        out = replaybench("report", "--templates", "mine", cwd=tmp_path)
+        assert out.returncode == 2 and out.stderr == f"replaybench: error: template {Path('mine') / 'part.j2'}, line 3: {why}\n"
     (mine / "report.md.j2").write_bytes(b"run \xff\n")  # not text: refused before anything is rendered
     out = replaybench("report", "--templates", "mine", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == (
@@ -267,6 +282,7 @@ def test_runs_without_configs_to_judge_are_refused_by_compare_and_baseline(tmp_p
     for args, message in ((["compare", str(plan), str(other_plan)], f"run {plan} is a capture plan: its report is "
                                                                      f"replaybench report {plan}"),
                           (["compare", str(nightly), str(plan)], f"run {plan} is a capture plan"),
+                          (["compare", str(plan)], f"run {plan} is a capture plan: its report is replaybench report {plan}"),
                           (["report", str(nightly), "--baseline", str(ab)], f"run {ab} is an A/B run: --baseline judges"),
                           (["report", str(plan), "--baseline", str(nightly)], f"run {plan} is a capture plan: --baseline")):
         out = replaybench(*args, cwd=tmp_path)
@@ -448,8 +464,10 @@ def test_two_measured_runs_mark_exactly_the_slowed_workload_slower(tmp_path):
     assert not any(v == "SLOWER" for (w, _), v in verdicts.items() if w == "steady")
 
     own = (tmp_path / "reports" / "2.md").read_text()
+    plots = {p.name: p.stat().st_ino for p in (tmp_path / "reports").glob("2-*.png")}
     out = replaybench("report", "2", "--baseline", "1", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
+    assert plots and {p.name: p.stat().st_ino for p in (tmp_path / "reports").glob("2-*.png")} == plots  # none redrawn
     report = (tmp_path / "reports" / "2-against-1.md").read_text()
     assert out.stdout == report
     # The run's own report, judged against the history, is neither replaced nor the latest's stand-in.
