@@ -85,11 +85,10 @@ class Selection(BaseModel):
         )
 
     def configs(self, registry: Registry) -> list[BenchConfig]:
-        OPTION = {"batch_size": "-b", "dtype": "--dtype"}
-        for key, given in (("batch_size", self.batch_sizes), ("dtype", self.dtypes)):
+        for key, given, option in (("batch_size", self.batch_sizes, "-b"), ("dtype", self.dtypes, "--dtype")):
             if given and self.sizes.get(key):
                 raise WorkloadError(f"{key} is given twice (as {key}s and in sizes; on the command line, "
-                                    f"{OPTION[key]} and --set); give it once")
+                                    f"{option} and --set); give it once")
         narrow = {"batch_size": self.batch_sizes, "dtype": self.dtypes, **self.sizes}
         configs = expand(registry, self.workloads or None, narrow, full=self.full_grid)
         limit = max_configs()

@@ -250,14 +250,14 @@ def _load(env: Environment, name: str):
     try:
         return env.get_template(name)
     except TemplateError as exc:
-        raise ReportError(_template_error(name, exc)) from None
+        where = getattr(exc, "filename", None) or name
+        raise ReportError(_template_error(where, getattr(exc, "lineno", None), exc.message or type(exc).__name__)) from None
     except UnicodeDecodeError as exc:
-        raise ReportError(f"template {name}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        raise ReportError(_template_error(name, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})")) from None
 
 
-def _template_error(name: str, exc: TemplateError) -> str:
-    where = f"{getattr(exc, 'filename', None) or name}" + (f", line {exc.lineno}" if getattr(exc, "lineno", None) else "")
-    return f"template {where}: {exc.message or type(exc).__name__}"
+def _template_error(file: str, line: int | None, what: str) -> str:
+    return f"template {file}" + (f", line {line}" if line else "") + f": {what}"
 
 
 def _render(env: Environment, name: str, **context) -> str:
@@ -277,9 +277,8 @@ def _render(env: Environment, name: str, **context) -> str:
         ours = not template.filename or Path(file).resolve().is_relative_to(BUILTIN_TEMPLATES)
         if ours and not isinstance(exc, TemplateError):
             raise  # a fault of replaybench's own: its traceback is wanted
-        where = file + (f", line {line}" if line else "")
         what = exc.message if isinstance(exc, TemplateError) and exc.message else f"{type(exc).__name__}: {exc}"
-        raise ReportError(f"template {where}: {what}") from None
+        raise ReportError(_template_error(file, line, what)) from None
 
 
 def render(
