@@ -357,9 +357,8 @@ def compare(base: Point, current: Point, higher_is_better: bool, sigma: float | 
         verdict = _direction(change, higher_is_better)
         return Judgement(verdict, change, base.value, f"{change:+.1%} against run {base.run_id}; {noise_text}")
     if not apart or abs(change) < min_effect:
-        return Judgement(Verdict.SAME, change, base.value,
-                         f"{change:+.1%} against run {base.run_id}: " + ("the intervals overlap" if not apart else
-                                                                           f"below the {min_effect:.0%} minimum effect"))
+        why = "the intervals overlap" if not apart else f"below the {min_effect:.0%} minimum effect"
+        return Judgement(Verdict.SAME, change, base.value, f"{change:+.1%} against run {base.run_id}: {why}; {noise_text}")
     return Judgement(Verdict.UNCERTAIN, change, base.value, f"{change:+.1%} against run {base.run_id}, within the noise ({noise_text})")
 
 

@@ -122,7 +122,11 @@ def test_compare_needs_the_intervals_apart_and_the_nightly_noise_to_agree():
     assert compare(a, b, LOWER, sigma=0.05).verdict is Verdict.UNCERTAIN  # within nightly noise
     assert compare(a, b, LOWER, sigma=0.01).verdict is Verdict.SLOWER
     overlapping = Point(2, 110.0, 95.0, 125.0)
-    assert compare(a, overlapping, LOWER).verdict is Verdict.SAME  # never SLOWER on overlapping intervals
+    same = compare(a, overlapping, LOWER)
+    assert same.verdict is Verdict.SAME  # never SLOWER on overlapping intervals
+    # the reason says what judged it: the intervals alone, or also the nightly noise
+    assert "the intervals overlap" in same.reason and "no nightly history" in same.reason
+    assert "nightly run-to-run noise 5.0%" in compare(a, overlapping, LOWER, sigma=0.05).reason
     assert compare(a, Point(2, 102.0, 101.5, 102.5), LOWER).verdict is Verdict.SAME  # below the minimum effect
 
 
