@@ -129,7 +129,8 @@ def test_a_real_runs_differences_below_the_minimum_effect_are_told_apart_in_its_
             assert ("below the +/-5% minimum effect" in lines[r["text"]]) == r["below_min_effect"]
             assert ("**" in lines[r["text"]]) != r["below_min_effect"]
     # A's and B's figures carry their units: microseconds per call, or the speedup's factor.
-    table = report.split("## B against A")[1].split("\n## ")[0].splitlines()[4:]
+    section = report.split("## B against A")[1].split("\n## ")[0].splitlines()
+    table = section[section.index("|---|---|---|---|---|---|---|---|") + 1:]
     assert len([line for line in table if line.startswith("| ")]) == len(rows)
     for line in filter(None, table):
         cells = line.split(" | ")
