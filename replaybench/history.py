@@ -10,7 +10,7 @@ step or an outlier shows in one or two differences and does not count. The serie
 levels by the segmentation that minimises the weighted squared error plus ``PENALTY`` sigma^2 per
 level (optimal partitioning, an exact dynamic programme); a level of one measurement inside the
 history is an outlier night and is skipped, and a level of fewer than ``MIN_HISTORY``
-measurements is no reference for the next. Two neighbouring levels differ when the later one is at
+measurements is no reference: the levels after it are judged against the last level that is. Two neighbouring levels differ when the later one is at
 least ``min_effect`` away and a t-test on their means rejects equality at ``ALPHA``. Tonight is:
 - NEW without any earlier night (the caller partitions the history by GPU model);
 - UNCERTAIN with fewer than ``MIN_HISTORY`` earlier nights; or, with ``since`` set, when tonight
@@ -188,22 +188,43 @@ def levels(points: Sequence[Point], sigma: float | None = None, min_effect: floa
 
 
 def changes(points: Sequence[Point], min_effect: float = MIN_EFFECT, sigma: float | None = None) -> list[Change]:
-    """Every boundary between two levels whose earlier level is long enough to be a reference
-    (MIN_HISTORY measurements), oldest first. The later level may be tonight alone."""
+    """Every level that differs from the last level before it long enough to be a reference
+    (MIN_HISTORY measurements), oldest first: its neighbour where that is long enough, else the
+    last earlier level that is, if the level differs from that one too. The later level may be
+    tonight alone."""
     return _changes(points, min_effect, sigma)[1]
 
 
+def level_noise(points: Sequence[Point], min_effect: float = MIN_EFFECT) -> float:
+    """Run-to-run sigma from the differences inside the levels that a first, robust fit finds: an
+    earlier step of the series, which on a young history is too large a share of the differences
+    for ``noise``'s trimming to drop, does not count as noise. Where the levels leave fewer than two
+    such differences, ``noise`` of the whole series."""
+    within = levels(points, noise(points, robust=True), min_effect)
+    if sum(len(lv.indices) - 1 for lv in within) < 2:
+        return noise(points)
+    return noise(points, within=within)
+
+
 def _changes(points, min_effect, sigma) -> tuple[list[Level], list[Change]]:
-    if sigma is None:  # from the differences inside the levels a first, robust fit finds
-        sigma = noise(points, within=levels(points, noise(points, robust=True), min_effect))
+    if sigma is None:
+        sigma = level_noise(points, min_effect)
     found = levels(points, sigma, min_effect)
-    out = []
-    for before, after in zip(found, found[1:]):
-        if before.weight < MIN_HISTORY:
+    out, reference = [], None
+    for k, (before, after) in enumerate(zip(found, found[1:])):
+        if before.weight >= MIN_HISTORY:
+            reference = before
+        elif reference is None:
             continue
-        d = after.mean - before.mean
-        t = d / (sigma * math.sqrt(1 / after.weight + 1 / before.weight))
-        out.append(Change(points[after.start].run_id, after.start, math.expm1(d), t, before, after, cause(points, after.start)))
+        d = after.mean - reference.mean
+        t = d / (sigma * math.sqrt(1 / after.weight + 1 / reference.weight))
+        if reference is not before:
+            # A level too short to judge against lies between: the change must stand against the
+            # last level that is long enough, as levels() asks of neighbours.
+            needed = critical(points, ALPHA_HINT) if k + 2 == len(found) and after.weight == 1 else critical(points)
+            if abs(t) < needed or abs(math.expm1(d)) < min_effect:
+                continue
+        out.append(Change(points[after.start].run_id, after.start, math.expm1(d), t, reference, after, cause(points, after.start)))
     return found, out
 
 
@@ -277,7 +298,7 @@ def judge(history: Sequence[Point], tonight: Point, higher_is_better: bool, *, m
         verdict = _direction(last.change, higher_is_better)
         # Reported on the first night the level stands, and only while it is recent; later nights
         # read SAME, naming the change (open_changes keeps it until the level moves back).
-        before = changes(history, min_effect, noise(history))
+        before = changes(history, min_effect, noise(history[:-1]))  # as judged last night
         already = any(abs(c.index - last.index) <= 1 and c.after.weight >= 2 and (c.change > 0) == (last.change > 0)
                       for c in before)
         if already or last.index < n - RECENT:
@@ -309,7 +330,10 @@ def judge(history: Sequence[Point], tonight: Point, higher_is_better: bool, *, m
         return Judgement(Verdict.UNCERTAIN, math.expm1(d), math.exp(np.average(y[rest], weights=w[rest])),
                          f"{what} {math.expm1(d):+.1%} off their level (t={t:+.1f}, {noise_text}); not beyond doubt: "
                          "a re-measure or the next night decides", cause(points, first), run)
-    rest = [i for i in current.indices if i < n - 1] or list(current.indices)
+    rest = [i for i in current.indices if i < n - 1]
+    if w[rest].sum() < MIN_HISTORY:  # tonight's level is too young to judge by: against the last level that is not
+        reference = next((lv for lv in reversed(fitted[:-1]) if lv.weight >= MIN_HISTORY), None)
+        rest = list(reference.indices) if reference else rest or list(range(n - 1))
     base = float(np.average(y[rest], weights=w[rest]))
     change = math.expm1(y[-1] - base)
     reason = f"same: tonight {change:+.1%} against the level of the {int(w[rest].sum())} measurement(s) before ({noise_text})"
@@ -331,7 +355,7 @@ def judge_series(points: Sequence[Point], higher_is_better: bool, **kw) -> list[
 def open_changes(points: Sequence[Point], min_effect: float = MIN_EFFECT) -> list[Change]:
     """The change that started the current level, if there is one and the level stands on two
     measurements or more: it stays open until the series moves to another level."""
-    found = changes(points, min_effect)
+    found = changes(points, min_effect, noise(points[:-1]))  # the noise judge() takes, so both find the same levels
     if found and len(points) - 1 in found[-1].after.indices and found[-1].after.weight >= 2:
         return [found[-1]]
     return []

@@ -205,3 +205,41 @@ def test_on_the_run_to_run_noise_of_the_h200_and_h100_runs_the_interval_across_n
     assert np.mean(held_own) < 0.6
     assert np.mean(held_across) >= 0.9
     assert np.median(widths) < 0.2
+
+
+def test_an_open_regression_is_a_level_the_verdicts_called_slower():
+    """Young histories of 5-8 steady nights, a second level of 0-3 nights, then a night confirmed
+    twice (weight 3), as the flow does: whenever a slower level is open tonight, tonight's verdict
+    is SLOWER or SAME naming it, never UNCERTAIN beside an open regression."""
+    rng = np.random.default_rng(11)
+    open_nights = 0
+    for _ in range(300):
+        series = [50.0] * int(rng.integers(5, 9)) + [float(rng.choice([50, 60, 80]))] * int(rng.integers(0, 4))
+        series.append(float(rng.choice([55, 80, 150, 400])))
+        points = [Point(i + 1, v * math.exp(rng.normal(0, 0.01)), weight=3 if i == len(series) - 1 else 1)
+                  for i, v in enumerate(series)]
+        slower = [c for c in open_changes(points) if c.change > 0]
+        j = judge(points[:-1], points[-1], LOWER)
+        if slower:
+            open_nights += 1
+            assert j.verdict is Verdict.SLOWER or (j.verdict is Verdict.SAME and j.since == slower[-1].first_run), j.reason
+    assert open_nights > 50
+
+
+def test_a_step_after_a_level_too_short_to_judge_by_is_judged_against_the_level_before_it():
+    """Six nights at 50, three at 80 (reported), then 400: no level of three nights is a reference,
+    so the 400 is judged against the six, reported slower and kept open; a return to 50 after a short
+    level reads SAME against the six."""
+    values = [50, 50, 51, 49, 50, 50, 80, 81, 80, 400, 401, 399, 400, 402]
+    points = [Point(i + 1, float(v)) for i, v in enumerate(values)]
+    verdicts = judge_series(points, LOWER)
+    assert Verdict.SLOWER in [j.verdict for j in verdicts[6:9]]
+    assert verdicts[9].verdict is Verdict.UNCERTAIN and verdicts[9].since == 10  # tonight alone: re-measure
+    first = next(i for i in range(10, len(points)) if verdicts[i].verdict is Verdict.SLOWER)
+    assert first <= 11 and verdicts[first].since == 10
+    assert all(j.verdict is Verdict.SAME and j.since == 10 for j in verdicts[first + 1:])
+    (c,) = open_changes(points)
+    assert c.first_run == 10 and c.change == pytest.approx(7.0, rel=0.05)
+    back = [Point(i + 1, float(v)) for i, v in enumerate([50, 50, 51, 49, 50, 50, 46, 46, 46, 50])]
+    j = judge(back[:-1], back[-1], LOWER)
+    assert j.verdict is Verdict.SAME and abs(j.change) < 0.01 and "level of the 6 measurement(s)" in j.reason
