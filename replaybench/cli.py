@@ -230,6 +230,16 @@ def _invalid(exc: ValidationError) -> UsageError:
     return UsageError(f"argument {option}: {message}" if option else message)
 
 
+def _sizes(pairs: list[tuple[str, list]]) -> dict[str, list]:
+    """--set KEY=V1,V2 options as one dict: a key given twice would have its first values dropped."""
+    sizes: dict[str, list] = {}
+    for key, values in pairs:
+        if key in sizes:
+            raise UsageError(f"argument --set: {key} is given twice; give its values once: --set {key}=V1,V2")
+        sizes[key] = values
+    return sizes
+
+
 def _parameters(args, model=None, **more):
     from .params import RunParameters
 
@@ -237,7 +247,7 @@ def _parameters(args, model=None, **more):
         "workloads": args.workload,
         "batch_sizes": args.batch_size,
         "dtypes": args.dtype,
-        "sizes": dict(args.set),
+        "sizes": _sizes(args.set),
         "full_grid": args.full_grid,
         "precision": args.precision,
         "time_budget_s": args.time_budget,
@@ -267,7 +277,8 @@ def cmd_run(args) -> int:
     _store(args)  # reachable and migrated, before any measuring
     _settings_to_environment(args)  # the flow reads them from there, as it does on a worker
     _prefect_defaults()
-    console.print(f"measuring {len(configs)} config(s), modes: {', '.join(parameters.modes)}")
+    modes = ["eager", *(m for m in parameters.modes if m != "eager")]  # eager is always measured: the reference
+    console.print(f"measuring {len(configs)} config(s), modes: {', '.join(modes)}")
     import flows.benchmark as flows_benchmark
 
     def finished(run_id: int) -> int:
@@ -461,7 +472,7 @@ def cmd_plan(args) -> int:
     from .planning import resolve_traffic
 
     sizes = {}
-    for key, values in args.set:
+    for key, values in _sizes(args.set).items():
         if len(values) != 1:
             raise UsageError(f"--set {key}: a plan is for one config: give one value")
         sizes[key] = values[0]
@@ -552,7 +563,8 @@ def _judgeable(store: Store, ident: int, why: str) -> None:
 
 
 def cmd_report(args) -> int:
-    check_output(args.reports, args.templates, create=False)  # before the store is opened or made
+    # Before the store is opened or made; the run's own report is the trial of the templates.
+    check_output(args.reports, args.templates, create=False, measuring=False)
     store = _store(args, create=False)
     run_id = store.run(args.run_id).id
     if args.baseline is not None:

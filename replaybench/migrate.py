@@ -7,6 +7,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
@@ -20,9 +22,31 @@ def alembic_config(engine: Engine) -> Config:
     return cfg
 
 
+class ForeignDatabase(Exception):
+    """The database holds another application's tables: replaybench adds none to it."""
+
+
+def check_ours(engine: Engine) -> None:
+    """An empty database, or one whose schema replaybench's migrations made; ForeignDatabase
+    otherwise, naming what is there (a store is never made inside another application's database)."""
+    tables = set(inspect(engine).get_table_names())
+    if not tables:
+        return
+    if "alembic_version" not in tables:
+        shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        raise ForeignDatabase(f"it holds tables that are not a replaybench store's ({shown})")
+    with engine.connect() as connection:
+        versions = {row[0] for row in connection.execute(text("SELECT version_num FROM alembic_version"))}
+    known = {script.revision for script in ScriptDirectory.from_config(alembic_config(engine)).walk_revisions()}
+    if versions - known:
+        raise ForeignDatabase(f"its schema is at revision {', '.join(sorted(versions - known))}, which is not "
+                              "replaybench's (another application's, or a newer replaybench's)")
+
+
 def upgrade(engine: Engine, revision: str = "head", attempts: int = 5) -> None:
     """Upgrade in place. Several processes may open a new database at once (workers starting
     together); the one that loses the race to create a table tries again and finds it done."""
+    check_ours(engine)
     for attempt in range(attempts):
         try:
             command.upgrade(alembic_config(engine), revision)

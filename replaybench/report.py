@@ -7,6 +7,7 @@ then in the project's ``templates/``, so a user overrides ``report.md.j2`` by pl
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -16,6 +17,7 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError
@@ -233,16 +235,35 @@ def environment(template_dir: str | os.PathLike | None = None) -> Environment:
     return env
 
 
-TEMPLATES = ("report.md.j2", "ab.md.j2", "plan.md.j2")
-
-
-def check_output(reports=None, templates=None, create: bool = True) -> Path:
+def check_output(reports=None, templates=None, create: bool = True, measuring: bool = True) -> Path:
     """The report directory and the templates, proven before anything is measured: a directory a
-    report can be written in (made, with ``create``), and templates that parse. Returns the directory."""
+    report can be written in (made, with ``create``), and templates that parse and, ``measuring``,
+    render the report of a run that has measured nothing yet (as an interrupted run's is), so that a
+    run does not end without its report. Returns the directory."""
     env = environment(templates)
-    for name in TEMPLATES:
-        _load(env, name)
+    for name, trial in _trial_contexts().items():
+        if not measuring:
+            _load(env, name)
+            continue
+        try:
+            _render(env, name, **trial)
+        except ReportError as exc:
+            raise ReportError(f"{exc} (rendering the report of a run without results, as an interrupted run's is)") from None
     return check_writable(reports_dir(reports), create=create)
+
+
+def _trial_contexts() -> dict[str, dict]:
+    """Each template's context for a run, of its kind, that has measured nothing yet."""
+    def run(trigger: str) -> Run:
+        return Run(id=0, trigger=trigger, status="running", started_at=datetime.now(timezone.utc), environment={}, parameters={})
+
+    nothing = {"failures": [], "skipped": [], "mode_labels": MODE_LABELS, "environment": {}}
+    return {
+        "report.md.j2": {**context(run("cli")), "plots": {}},
+        "ab.md.j2": {**nothing, "run": run("ab"), "rows": [], "verdict_counts": Counter(), "below_min_effect": Counter(),
+                     "variants": {}, "parameters": {}},
+        "plan.md.j2": {"run": run("plan"), "plan": None, "plot": None, "environment": {}},
+    }
 
 
 def _load(env: Environment, name: str):
@@ -253,7 +274,8 @@ def _load(env: Environment, name: str):
         where = getattr(exc, "filename", None) or name
         raise ReportError(_template_error(where, getattr(exc, "lineno", None), exc.message or type(exc).__name__)) from None
     except UnicodeDecodeError as exc:
-        raise ReportError(_template_error(name, None, f"not UTF-8 text ({exc.reason} at byte {exc.start})")) from None
+        found = next((Path(d) / name for d in env.loader.searchpath if (Path(d) / name).is_file()), name)
+        raise ReportError(_template_error(str(found), None, f"not UTF-8 text ({exc.reason} at byte {exc.start})")) from None
 
 
 def _template_error(file: str, line: int | None, what: str) -> str:
@@ -319,10 +341,22 @@ def write_report(store: Store, run_id: int, directory=None, template_dir=None, b
     run that ended without a report does not keep the latest from this one); returns (path, text).
     Judged against a pinned ``baseline``, it is ``<run id>-against-<baseline>.md`` and never the latest:
     the run's own report, judged against the nightly history, stays as it was."""
+    directory = reports_dir(directory)
+    made = not directory.exists()
+    check_writable(directory)
+    try:
+        return _write_report(store, store.run(run_id), directory, template_dir, baseline)
+    except BaseException:
+        if made:  # a report that failed leaves no directory of its own behind (one another writer filled stays)
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        raise
+
+
+def _write_report(store: Store, run: Run, directory: Path, template_dir, baseline: int | None) -> tuple[Path, str]:
     from .plots import write_plots
 
-    directory = check_writable(reports_dir(directory))
-    run = store.run(run_id)
+    run_id = run.id
     # Plots are drawn aside and join the report only once it rendered: a template that fails leaves
     # the directory as it was (an earlier report of this run keeps its own plots). A report against a
     # pinned baseline adds the plots the run's own report lacks and replaces none of them.

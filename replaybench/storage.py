@@ -360,10 +360,13 @@ class Store:
             self.migrate()
 
     def migrate(self) -> None:
-        from .migrate import upgrade
+        from .migrate import ForeignDatabase, upgrade
 
         try:
             upgrade(self.engine)
+        except ForeignDatabase as exc:
+            raise StoreError(f"not a replaybench database {without_password(self.url)!r}: {exc}; "
+                             "--db or $" + URL_VARIABLE + " should name a new file or a store of replaybench's") from None
         except SQLAlchemyError as exc:
             url = make_url(self.url).render_as_string(hide_password=True)
             first = str(exc.orig if getattr(exc, "orig", None) else exc).splitlines()[0]

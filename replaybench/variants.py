@@ -54,7 +54,8 @@ class Variant(BaseModel):
     @classmethod
     def _directory(cls, path: Path | None) -> Path | None:
         if path is not None and not path.expanduser().is_dir():
-            raise ValueError(f"workloads directory {str(path)!r} does not exist")
+            what = "is not a directory" if path.expanduser().exists() else "does not exist"
+            raise ValueError(f"workloads directory {str(path)!r} {what}")
         return path.expanduser().resolve() if path is not None else None
 
     @field_validator("python")

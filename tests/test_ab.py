@@ -158,6 +158,7 @@ def test_verdict_words_and_their_directions():
 # -- the variants file ---------------------------------------------------------------------------
 @pytest.mark.parametrize("text, why", [
     ("[variants.a]\nworkloads = '/no/such/dir'\n", "does not exist"),
+    ("[variants.a]\nworkloads = '{tmp}/not-a-program.txt'\n", "not-a-program.txt' is not a directory"),
     ("[variants.a]\npython = '{tmp}/not-a-program.txt'\n", "not an executable"),
     ("[variants.a]\nenv = { PYTHONPATH = '/tmp' }\n", "cannot be set by a variant"),
     ("[variants.a]\nenv = { 'A B' = '1' }\n", "not a plain name"),

@@ -42,6 +42,11 @@ def replaybench(*args, cwd, env=None):
         (["--templates", "a_file"], "template directory 'a_file' is not a directory"),
         (["--templates", "broken"], "template broken/ab.md.j2, line 1: unexpected end of template"),  # before measuring
         (["--set", "width=abc"], "seed_mlp: width='abc' is not one of its values (128, 512)"),
+        (["--set", "width=512", "--set", "width=128"], "argument --set: width is given twice; give its values once: --set width=V1,V2"),
+        (["--templates", "latin1"], "template latin1/report.md.j2: not UTF-8 text"),  # the directory named, as above
+        # A template that parses but cannot render a report is refused before measuring, not after.
+        (["--templates", "undefined"], "template undefined/report.md.j2, line 2: 'nope' is undefined (rendering the "
+                                       "report of a run without results, as an interrupted run's is)"),
         (["-w", "rnn_unrolled", "--set", "steps=10000000"], "rnn_unrolled: steps=10000000 is not one of its values"),
         (["--db", "postgres ql://u:pw@h/x"], "malformed database URL 'postgres ql://u:***@h/x'"),
         (["--db", "postgresql://u:pw@127.0.0.1:notaport/x"], "malformed database URL 'postgresql://u:***@127.0.0.1"),
@@ -55,6 +60,10 @@ def test_bad_input_one_line_nonzero_exit_nothing_written(tmp_path, args, message
     (tmp_path / "a_file").write_text("not a directory")
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "ab.md.j2").write_text("# A/B run {{ run.id \n")
+    (tmp_path / "latin1").mkdir()
+    (tmp_path / "undefined").mkdir()
+    (tmp_path / "undefined" / "report.md.j2").write_text("# run {{ run.id }}\n{{ nope.attr }}\n")
+    (tmp_path / "latin1" / "report.md.j2").write_bytes("# run {{ run.id }} \xe9t\xe9\n".encode("latin-1"))
     out = replaybench("run", *args, cwd=tmp_path, env={"REPLAYBENCH_MAX_CONFIGS": "100", "REPLAYBENCH_MAX_RUN_S": "600"})
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
@@ -209,9 +218,9 @@ def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
     out = replaybench("report", "--templates", "mine", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == (
         f"replaybench: error: template {Path('mine') / 'report.md.j2'}, line 2: 'nosuch' is undefined\n")
-    assert not (tmp_path / "reports" / "latest.md").exists()
-    # Its plots were drawn before it failed, and are not left behind without a report.
-    assert list((tmp_path / "reports").iterdir()) == []
+    # Its plots were drawn before it failed, and are not left behind without a report; nor is the
+    # report directory it made.
+    assert not (tmp_path / "reports").exists()
     good = replaybench("report", cwd=tmp_path)
     assert good.returncode == 0, good.stderr
     plot = tmp_path / "reports" / f"{run_id}-speedup-vs-batch.png"
@@ -228,6 +237,8 @@ def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
         f"replaybench: error: template {Path('mine') / 'report.md.j2'}, line 2: ZeroDivisionError: division by zero\n")
     (tmp_path / "reports" / ".plots-busy").rmdir()
     assert {p.name: p.read_bytes() for p in (tmp_path / "reports").iterdir()} == kept  # the good report, as it was
+    out = replaybench("report", "--templates", "mine", "--reports", "new/reports", cwd=tmp_path)
+    assert out.returncode == 2 and not (tmp_path / "new" / "reports").exists()  # no directory left of its own
     # A template it includes fails: that file and its line are named, whatever the error.
     (mine / "report.md.j2").write_text('run {{ run.id }}\n{% include "part.j2" %}\n')
     for body, why in (("{{ 1 + }}", "unexpected 'end of print statement'"), ("{{ nope.x }}", "'nope' is undefined"),
@@ -238,7 +249,7 @@ def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
     (mine / "report.md.j2").write_bytes(b"run \xff\n")  # not text: refused before anything is rendered
     out = replaybench("report", "--templates", "mine", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == (
-        "replaybench: error: template report.md.j2: not UTF-8 text (invalid start byte at byte 4)\n")
+        f"replaybench: error: template {Path('mine') / 'report.md.j2'}: not UTF-8 text (invalid start byte at byte 4)\n")
 
 
 def test_runs_lists_the_newest_and_ids_limits_and_urls_the_store_cannot_take_are_refused(tmp_path):
@@ -273,6 +284,30 @@ def test_runs_lists_the_newest_and_ids_limits_and_urls_the_store_cannot_take_are
     assert [r.id for r in Store(f"sqlite:///{tmp_path / 'replaybench.db'}").runs()] == ids[::-1]  # nothing started
 
 
+def test_a_database_of_another_application_is_refused_and_gets_no_table(tmp_path):
+    import sqlite3
+
+    foreign, newer = tmp_path / "foreign.db", tmp_path / "newer.db"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE t (x INTEGER)")
+    with sqlite3.connect(newer) as db:  # another application's alembic, or a newer replaybench's schema
+        db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        db.execute("INSERT INTO alembic_version VALUES ('a1b2c3')")
+    def schema(path):
+        with sqlite3.connect(path) as db:
+            return db.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+
+    for path, why in ((foreign, "it holds tables that are not a replaybench store's (t)"),
+                      (newer, "its schema is at revision a1b2c3, which is not replaybench's")):
+        before = schema(path)
+        for args in (["runs"], ["report", "1"], ["regressions"], ["run", "-w", "seed_mlp"]):
+            out = replaybench(*args, "--db", f"sqlite:///{path}", cwd=tmp_path)
+            assert out.returncode == 2 and out.stderr.count("\n") == 1, (args, out.stderr)
+            assert f"not a replaybench database 'sqlite:///{path}': {why}" in out.stderr, out.stderr
+            assert schema(path) == before, args  # no table added, nothing migrated
+    assert not (tmp_path / "reports").exists()
+
+
 def test_runs_without_configs_to_judge_are_refused_by_compare_and_baseline(tmp_path):
     store = Store(f"sqlite:///{tmp_path / 'replaybench.db'}")
     nightly = store.create_run("nightly", {})
@@ -302,9 +337,11 @@ def test_workloads_lists_the_registry(tmp_path):
 
 @pytest.mark.slow
 def test_run_end_to_end_writes_a_report_and_the_database(tmp_path):
-    out = replaybench("run", "-w", "seed_mlp", "--time-budget", "0.3", cwd=tmp_path)
+    out = replaybench("run", "-w", "seed_mlp", "--time-budget", "0.3", "--mode", "graph", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
+    assert {r.mode for r in run.results} == {"eager", "graph"}  # eager, the reference, is always measured...
+    assert "measuring 1 config(s), modes: eager, graph" in out.stdout  # ...and the start line says so
     assert f"run {run.id} completed: report reports/{run.id}.md" in out.stdout
     report = Path(tmp_path / "reports" / "latest.md").read_text()
     eager = next(r for r in run.results if r.mode == "eager")
