@@ -539,7 +539,9 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
     if form == "json":
         print(json.dumps({"run": run.id, "status": run.status, "error": run.error, "comparisons": rows, **apart}, indent=2))
         return
-    table = Table("workload", "config", "mode", "figure", "A", "B", "B against A [95% CI]")
+    table = Table("workload", "config", "mode", "figure", "A", "B", "B against A [95% CI]",
+                  caption="A, B: each variant's own figure over its processes. B against A: within pairs of processes "
+                          "timed milliseconds apart on one core, the figure to judge by (it can differ from B over A).")
     for row in rows:
         style = "dim" if row["below_min_effect"] else \
             {"slower": "red", "lower": "red", "faster": "green", "higher": "green"}.get(row["verdict"])

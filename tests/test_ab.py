@@ -318,6 +318,7 @@ def test_ab_between_two_interpreters_and_two_workload_directories_through_the_cl
     assert again.returncode == 0 and json.loads(again.stdout) == out
     table = cli("compare", str(run.id), cwd=tmp_path)
     assert table.returncode == 0 and "B slower by" in table.stdout
+    assert "B against A: within pairs of processes" in " ".join(table.stdout.split())  # which figure to judge by
     assert "skipped: CUDA graph replay (no CUDA device)" in table.stderr and "failed" not in table.stderr
     refused = cli("compare", str(run.id), str(run.id), cwd=tmp_path)
     assert refused.returncode == 2 and "A/B run" in refused.stderr
