@@ -235,7 +235,7 @@ def _sizes(pairs: list[tuple[str, list]]) -> dict[str, list]:
     sizes: dict[str, list] = {}
     for key, values in pairs:
         if key in sizes:
-            raise UsageError(f"argument --set: {key} is given twice; give its values once: --set {key}=V1,V2")
+            raise UsageError(f"argument --set: {key} is given twice; give it once")
         sizes[key] = values
     return sizes
 
@@ -540,8 +540,9 @@ def _print_ab(store: Store, run_id: int, form: str) -> None:
         print(json.dumps({"run": run.id, "status": run.status, "error": run.error, "comparisons": rows, **apart}, indent=2))
         return
     table = Table("workload", "config", "mode", "figure", "A", "B", "B against A [95% CI]",
-                  caption="A, B: each variant's own figure over its processes. B against A: within pairs of processes "
-                          "timed milliseconds apart on one core, the figure to judge by (it can differ from B over A).")
+                  caption="A, B: each variant's own figure over its processes. B against A: within pairs of processes, "
+                          "one of each variant timed one right after the other, the figure to judge by (it can differ "
+                          "from B over A).")
     for row in rows:
         style = "dim" if row["below_min_effect"] else \
             {"slower": "red", "lower": "red", "faster": "green", "higher": "green"}.get(row["verdict"])
@@ -565,8 +566,7 @@ def _judgeable(store: Store, ident: int, why: str) -> None:
 
 
 def cmd_report(args) -> int:
-    # Before the store is opened or made; the run's own report is the trial of the templates.
-    check_output(args.reports, args.templates, create=False, measuring=False)
+    check_output(args.reports, args.templates, create=False)  # before the store is opened or made
     store = _store(args, create=False)
     run_id = store.run(args.run_id).id
     if args.baseline is not None:

@@ -26,12 +26,12 @@ class ForeignDatabase(Exception):
     """The database holds another application's tables: replaybench adds none to it."""
 
 
-def check_ours(engine: Engine) -> None:
-    """An empty database, or one whose schema replaybench's migrations made; ForeignDatabase
+def check_ours(engine: Engine) -> set[str]:
+    """The revisions an empty database (none) or a store of replaybench's is at; ForeignDatabase
     otherwise, naming what is there (a store is never made inside another application's database)."""
     tables = set(inspect(engine).get_table_names())
     if not tables:
-        return
+        return set()
     if "alembic_version" not in tables:
         shown = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
         raise ForeignDatabase(f"it holds tables that are not a replaybench store's ({shown})")
@@ -41,12 +41,15 @@ def check_ours(engine: Engine) -> None:
     if versions - known:
         raise ForeignDatabase(f"its schema is at revision {', '.join(sorted(versions - known))}, which is not "
                               "replaybench's (another application's, or a newer replaybench's)")
+    return versions
 
 
 def upgrade(engine: Engine, revision: str = "head", attempts: int = 5) -> None:
     """Upgrade in place. Several processes may open a new database at once (workers starting
     together); the one that loses the race to create a table tries again and finds it done."""
-    check_ours(engine)
+    at = check_ours(engine)
+    if revision == "head" and at == {ScriptDirectory.from_config(alembic_config(engine)).get_current_head()}:
+        return  # nothing to do: no write lock taken, so opening a store never waits on its writers
     for attempt in range(attempts):
         try:
             command.upgrade(alembic_config(engine), revision)

@@ -17,7 +17,6 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, StrictUndefined, TemplateError
@@ -235,35 +234,16 @@ def environment(template_dir: str | os.PathLike | None = None) -> Environment:
     return env
 
 
-def check_output(reports=None, templates=None, create: bool = True, measuring: bool = True) -> Path:
+TEMPLATES = ("report.md.j2", "ab.md.j2", "plan.md.j2")
+
+
+def check_output(reports=None, templates=None, create: bool = True) -> Path:
     """The report directory and the templates, proven before anything is measured: a directory a
-    report can be written in (made, with ``create``), and templates that parse and, ``measuring``,
-    render the report of a run that has measured nothing yet (as an interrupted run's is), so that a
-    run does not end without its report. Returns the directory."""
+    report can be written in (made, with ``create``), and templates that parse. Returns the directory."""
     env = environment(templates)
-    for name, trial in _trial_contexts().items():
-        if not measuring:
-            _load(env, name)
-            continue
-        try:
-            _render(env, name, **trial)
-        except ReportError as exc:
-            raise ReportError(f"{exc} (rendering the report of a run without results, as an interrupted run's is)") from None
+    for name in TEMPLATES:
+        _load(env, name)
     return check_writable(reports_dir(reports), create=create)
-
-
-def _trial_contexts() -> dict[str, dict]:
-    """Each template's context for a run, of its kind, that has measured nothing yet."""
-    def run(trigger: str) -> Run:
-        return Run(id=0, trigger=trigger, status="running", started_at=datetime.now(timezone.utc), environment={}, parameters={})
-
-    nothing = {"failures": [], "skipped": [], "mode_labels": MODE_LABELS, "environment": {}}
-    return {
-        "report.md.j2": {**context(run("cli")), "plots": {}},
-        "ab.md.j2": {**nothing, "run": run("ab"), "rows": [], "verdict_counts": Counter(), "below_min_effect": Counter(),
-                     "variants": {}, "parameters": {}},
-        "plan.md.j2": {"run": run("plan"), "plan": None, "plot": None, "environment": {}},
-    }
 
 
 def _load(env: Environment, name: str):
@@ -342,14 +322,14 @@ def write_report(store: Store, run_id: int, directory=None, template_dir=None, b
     Judged against a pinned ``baseline``, it is ``<run id>-against-<baseline>.md`` and never the latest:
     the run's own report, judged against the nightly history, stays as it was."""
     directory = reports_dir(directory)
-    made = not directory.exists()
+    made = [d for d in (directory, *directory.absolute().parents) if not d.exists()]  # the deepest first
     check_writable(directory)
     try:
         return _write_report(store, store.run(run_id), directory, template_dir, baseline)
     except BaseException:
-        if made:  # a report that failed leaves no directory of its own behind (one another writer filled stays)
+        for d in made:  # a report that failed leaves no directory of its own behind (one another writer filled stays)
             with contextlib.suppress(OSError):
-                directory.rmdir()
+                d.rmdir()
         raise
 
 

@@ -42,11 +42,8 @@ def replaybench(*args, cwd, env=None):
         (["--templates", "a_file"], "template directory 'a_file' is not a directory"),
         (["--templates", "broken"], "template broken/ab.md.j2, line 1: unexpected end of template"),  # before measuring
         (["--set", "width=abc"], "seed_mlp: width='abc' is not one of its values (128, 512)"),
-        (["--set", "width=512", "--set", "width=128"], "argument --set: width is given twice; give its values once: --set width=V1,V2"),
+        (["--set", "width=512", "--set", "width=128"], "argument --set: width is given twice; give it once"),
         (["--templates", "latin1"], "template latin1/report.md.j2: not UTF-8 text"),  # the directory named, as above
-        # A template that parses but cannot render a report is refused before measuring, not after.
-        (["--templates", "undefined"], "template undefined/report.md.j2, line 2: 'nope' is undefined (rendering the "
-                                       "report of a run without results, as an interrupted run's is)"),
         (["-w", "rnn_unrolled", "--set", "steps=10000000"], "rnn_unrolled: steps=10000000 is not one of its values"),
         (["--db", "postgres ql://u:pw@h/x"], "malformed database URL 'postgres ql://u:***@h/x'"),
         (["--db", "postgresql://u:pw@127.0.0.1:notaport/x"], "malformed database URL 'postgresql://u:***@127.0.0.1"),
@@ -61,8 +58,6 @@ def test_bad_input_one_line_nonzero_exit_nothing_written(tmp_path, args, message
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "ab.md.j2").write_text("# A/B run {{ run.id \n")
     (tmp_path / "latin1").mkdir()
-    (tmp_path / "undefined").mkdir()
-    (tmp_path / "undefined" / "report.md.j2").write_text("# run {{ run.id }}\n{{ nope.attr }}\n")
     (tmp_path / "latin1" / "report.md.j2").write_bytes("# run {{ run.id }} \xe9t\xe9\n".encode("latin-1"))
     out = replaybench("run", *args, cwd=tmp_path, env={"REPLAYBENCH_MAX_CONFIGS": "100", "REPLAYBENCH_MAX_RUN_S": "600"})
     assert out.returncode == 2
@@ -238,7 +233,7 @@ def test_a_template_that_fails_is_one_line_naming_it(tmp_path):
     (tmp_path / "reports" / ".plots-busy").rmdir()
     assert {p.name: p.read_bytes() for p in (tmp_path / "reports").iterdir()} == kept  # the good report, as it was
     out = replaybench("report", "--templates", "mine", "--reports", "new/reports", cwd=tmp_path)
-    assert out.returncode == 2 and not (tmp_path / "new" / "reports").exists()  # no directory left of its own
+    assert out.returncode == 2 and not (tmp_path / "new").exists()  # no directory left of its own
     # A template it includes fails: that file and its line are named, whatever the error.
     (mine / "report.md.j2").write_text('run {{ run.id }}\n{% include "part.j2" %}\n')
     for body, why in (("{{ 1 + }}", "unexpected 'end of print statement'"), ("{{ nope.x }}", "'nope' is undefined"),

@@ -2,6 +2,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from sqlalchemy import inspect
@@ -242,3 +243,38 @@ def test_a_store_of_the_previous_schema_gets_its_figures_at_standard_host_speed_
     assert after.keys() == before.keys()
     assert all(after[k] == pytest.approx(before[k], rel=1e-9) for k in before)
     assert con.execute("select metric from acknowledgements").fetchall() == [("eager over the host reference",)]
+
+
+def test_a_downgrade_and_upgrade_of_a_real_store_keep_every_result(tmp_path):
+    """Downgrading past migration 0005 recreates `runs` by copying it (SQLite's batch mode): with
+    foreign keys on, dropping the old table cascaded to every result (38 of 38 lost on this store)."""
+    from alembic import command
+
+    from replaybench.migrate import alembic_config
+
+    copy = tmp_path / "run.db"
+    copy.write_bytes((Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "h100-default-suite-run-5.db").read_bytes())
+    store = Store(f"sqlite:///{copy}")
+    before = len(store.run(1).results)
+    assert before == 38
+    command.downgrade(alembic_config(store.engine), "0004")
+    with store.engine.connect() as c:
+        assert c.exec_driver_sql("SELECT count(*) FROM results").scalar() == before
+        assert c.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1  # on again for the store's own use
+    store.migrate()
+    assert len(store.run(1).results) == before
+
+
+def test_opening_a_store_at_its_head_revision_takes_no_write_lock(tmp_path):
+    """Only a migration takes SQLite's write lock: `runs`, `report` or a flow opening a store while a
+    measuring process writes to it neither waits for it nor fails."""
+    path = tmp_path / "r.db"
+    Store(f"sqlite:///{path}").create_run("cli", {})
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process, mid-write
+    try:
+        store = Store(f"sqlite:///{path}", busy_timeout_s=0.5)
+        assert len(store.runs()) == 1
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
