@@ -336,7 +336,7 @@ def test_run_end_to_end_writes_a_report_and_the_database(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
     assert {r.mode for r in run.results} == {"eager", "graph"}  # eager, the reference, is always measured...
-    assert "measuring 1 config(s), modes: eager, graph" in out.stdout  # ...and the start line says so
+    assert "measuring 1 config(s), modes: eager, graph" in out.stderr  # ...and the start line says so
     assert f"run {run.id} completed: report reports/{run.id}.md" in out.stdout
     report = Path(tmp_path / "reports" / "latest.md").read_text()
     eager = next(r for r in run.results if r.mode == "eager")
