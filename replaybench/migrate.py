@@ -26,7 +26,7 @@ class ForeignDatabase(Exception):
     """The database holds another application's tables: replaybench adds none to it."""
 
 
-def check_ours(engine: Engine) -> set[str]:
+def check_ours(engine: Engine, script: ScriptDirectory) -> set[str]:
     """The revisions an empty database (none) or a store of replaybench's is at; ForeignDatabase
     otherwise, naming what is there (a store is never made inside another application's database)."""
     tables = set(inspect(engine).get_table_names())
@@ -37,7 +37,7 @@ def check_ours(engine: Engine) -> set[str]:
         raise ForeignDatabase(f"it holds tables that are not a replaybench store's ({shown})")
     with engine.connect() as connection:
         versions = {row[0] for row in connection.execute(text("SELECT version_num FROM alembic_version"))}
-    known = {script.revision for script in ScriptDirectory.from_config(alembic_config(engine)).walk_revisions()}
+    known = {revision.revision for revision in script.walk_revisions()}
     if versions - known:
         raise ForeignDatabase(f"its schema is at revision {', '.join(sorted(versions - known))}, which is not "
                               "replaybench's (another application's, or a newer replaybench's)")
@@ -47,8 +47,9 @@ def check_ours(engine: Engine) -> set[str]:
 def upgrade(engine: Engine, revision: str = "head", attempts: int = 5) -> None:
     """Upgrade in place. Several processes may open a new database at once (workers starting
     together); the one that loses the race to create a table tries again and finds it done."""
-    at = check_ours(engine)
-    if revision == "head" and at == {ScriptDirectory.from_config(alembic_config(engine)).get_current_head()}:
+    script = ScriptDirectory.from_config(alembic_config(engine))  # read once: it parses every migration
+    at = check_ours(engine, script)
+    if revision == "head" and at == {script.get_current_head()}:
         return  # nothing to do: no write lock taken, so opening a store never waits on its writers
     for attempt in range(attempts):
         try:
