@@ -33,7 +33,7 @@ from replaybench.health import host_facts
 from replaybench.history import Verdict
 from replaybench.limits import CapReached, MeasuringCap
 from replaybench.params import RunParameters
-from replaybench.report import check_output, write_report
+from replaybench.report import ReportError, check_output, write_report
 from replaybench.results import ConfigResult, MeasureSettings
 from replaybench.storage import Store
 from replaybench.summary import one_line
@@ -76,7 +76,11 @@ finished_hook: Callable[[int], None] | None = None
 def publish(store: Store, run_id: int, status: str, directory, key: str, title: str) -> None:
     """Write the finished run's report, tell the CLI it is stored, and show the report as the flow
     run's artifact."""
-    path, markdown = write_report(store, run_id, directory)
+    try:
+        path, markdown = write_report(store, run_id, directory)
+    except ReportError as exc:  # a template that fails only on this run's data: its results are safe
+        raise ReportError(f"{exc}; run {run_id} is stored ({status.replace('_', ' ')}): "
+                          f"`replaybench report {run_id}` writes its report once that is mended") from None
     if finished_hook:
         finished_hook(run_id)
     create_markdown_artifact(markdown=markdown, key=key, description=f"{title} {run_id}")

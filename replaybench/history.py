@@ -44,7 +44,7 @@ ALPHA_HINT = 0.3  # ... at which a night or a recent level that looks off is wor
 PENALTY = 8.0  # cost of one more level, in sigma^2 of squared error
 NOISE_FLOOR = 0.003  # sigma is never taken below this (log scale)
 NOISE_EFFICIENCY = 0.8  # the trimmed RMS is worth this share of the differences' degrees of freedom
-RECENT = 3  # a level is reported while it started no more than this many points ago
+RECENT = 3  # a level is reported while it holds no more than this many points, tonight's included
 
 
 class Verdict(str, enum.Enum):

@@ -347,6 +347,23 @@ def test_run_end_to_end_writes_a_report_and_the_database(tmp_path):
     assert out.returncode == 0 and "completed" in out.stdout
 
 
+def test_a_template_that_fails_only_on_the_measured_data_keeps_the_run_and_says_how_to_report_it(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()  # parses, so the run starts; fails on the first result's data, after measuring
+    (mine / "report.md.j2").write_text("run {{ run.id }}\n{{ run.results[0].nosuch.attr }}\n")
+    out = replaybench("run", "-w", "seed_mlp", "--time-budget", "0.3", "--processes", "1", "--templates", "mine",
+                      cwd=tmp_path)
+    run = Store(f"sqlite:///{tmp_path / 'replaybench.db'}").run()
+    assert out.returncode == 2 and out.stderr.splitlines()[-1] == (
+        f"replaybench: error: template {Path('mine') / 'report.md.j2'}, line 2: 'replaybench.storage.Result object' "
+        f"has no attribute 'nosuch'; run {run.id} is stored (completed): `replaybench report {run.id}` writes its "
+        "report once that is mended"), out.stderr[-3000:]
+    assert run.status == "completed" and run.results
+    assert not (tmp_path / "reports" / f"{run.id}.md").exists()
+    out = replaybench("report", str(run.id), cwd=tmp_path)
+    assert out.returncode == 0 and (tmp_path / "reports" / f"{run.id}.md").exists(), out.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_a_killed_run_is_marked_crashed_at_the_next_start_with_finished_results_intact(tmp_path):
     import time
