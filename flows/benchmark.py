@@ -76,15 +76,16 @@ finished_hook: Callable[[int], None] | None = None
 def publish(store: Store, run_id: int, status: str, directory, key: str, title: str) -> None:
     """Write the finished run's report, tell the CLI it is stored, and show the report as the flow
     run's artifact."""
+    status = status.replace("_", " ")
     try:
         path, markdown = write_report(store, run_id, directory)
     except ReportError as exc:  # a template that fails only on this run's data: its results are safe
-        raise ReportError(f"{exc}; run {run_id} is stored ({status.replace('_', ' ')}): "
+        raise ReportError(f"{exc}; run {run_id} is stored ({status}): "
                           f"`replaybench report {run_id}` writes its report once that is mended") from None
     if finished_hook:
         finished_hook(run_id)
     create_markdown_artifact(markdown=markdown, key=key, description=f"{title} {run_id}")
-    get_run_logger().info("run %d %s; report: %s", run_id, status.replace("_", " "), path)
+    get_run_logger().info("run %d %s; report: %s", run_id, status, path)
 
 
 def interruption(exc: BaseException) -> str | None:
