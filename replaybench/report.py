@@ -353,15 +353,17 @@ def _write_report(store: Store, run: Run, directory: Path, template_dir, baselin
         for drawn in staging.iterdir():
             if baseline is None or not (directory / drawn.name).exists():
                 os.replace(drawn, directory / drawn.name)
-    if baseline is not None:
-        path, latest = directory / f"{run_id}-against-{baseline}.md", False
-    else:
-        path = directory / f"{run_id}.md"
-        # Reports of this store's runs only: the directory may hold another database's, or old ones.
-        newer = {int(p.stem) for p in directory.glob("*.md") if re.fullmatch("[0-9]{1,18}", p.stem) and int(p.stem) > run_id}
-        latest = not (newer and newer & store.run_ids_after(run_id))
-    for target in (path, *([directory / "latest.md"] if latest else [])):
-        tmp = target.with_suffix(".md.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)  # readers never see a half-written report
+        if baseline is not None:
+            path, latest = directory / f"{run_id}-against-{baseline}.md", False
+        else:
+            path = directory / f"{run_id}.md"
+            # Reports of this store's runs only: the directory may hold another database's, or old ones.
+            newer = {int(p.stem) for p in directory.glob("*.md") if re.fullmatch("[0-9]{1,18}", p.stem) and int(p.stem) > run_id}
+            latest = not (newer and newer & store.run_ids_after(run_id))
+        for target in (path, *([directory / "latest.md"] if latest else [])):
+            # Drafted in this writer's own staging directory: readers never see a half-written report,
+            # and two writers of the same report never move each other's draft away.
+            draft = staging / target.name
+            draft.write_text(text, encoding="utf-8")
+            os.replace(draft, target)
     return path, text

@@ -189,3 +189,40 @@ def test_the_host_table_shows_the_speedup_with_the_hosts_speed_taken_out_and_n_a
         (host_row,) = [r for r in table_rows(section(text, workload), "batch_size=1, dtype=float32, width=128 |") if len(r) == 6]
         assert host_row[5] == shown
     assert "on a host whose reference block takes 0.4 ms" in text
+
+
+def test_two_writers_of_the_same_report_at_once_both_finish_and_leave_it_whole(db_url, tmp_path, monkeypatch):
+    """A nightly run's own report and a `replaybench report N` of it may be written at the same
+    moment. Both writers are held just before each moves a finished report into place, so that
+    each has drafted its copy before either moves one: neither may move the other's draft away."""
+    import os
+    import threading
+
+    store, run_id = stored_run(db_url, known_result())
+    reports = tmp_path / "reports"
+    both_drafted = threading.Barrier(2, timeout=30)
+    real_replace = os.replace
+
+    def replace_when_both_drafted(src, dst):
+        if str(dst).endswith(".md"):
+            both_drafted.wait()
+        return real_replace(src, dst)
+
+    monkeypatch.setattr("replaybench.report.os.replace", replace_when_both_drafted)
+    written, faults = [], []
+
+    def writer():
+        try:
+            written.append(write_report(Store(db_url), run_id, reports)[1])
+        except BaseException as e:  # noqa: BLE001 - what a writer raised is the test's finding
+            faults.append(e)
+            both_drafted.abort()
+
+    threads = [threading.Thread(target=writer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert faults == [] and len(written) == 2 and written[0] == written[1]
+    assert (reports / f"{run_id}.md").read_text() == written[0] == (reports / "latest.md").read_text()
+    assert sorted(p.name for p in reports.iterdir() if not p.name.endswith(".png")) == [f"{run_id}.md", "latest.md"]
