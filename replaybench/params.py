@@ -161,6 +161,5 @@ class PlanParameters(BaseModel):
                                 f"{', '.join(k for k in sorted(workload.grid) if k not in ('batch_size', 'dtype')) or 'none'}")
         params = {k: v[0] for k, v in (workload.default_grid or workload.grid).items() if k not in ("batch_size", "dtype")}
         for key, value in self.sizes.items():
-            workload.check_declared(key, [value])
-            params[key] = value
+            (params[key],) = workload.declared(key, [value])
         return BenchConfig(workload.name, {**params, "dtype": self.dtype})

@@ -97,12 +97,18 @@ class Workload:
                         f"workload {self.name!r}: default_grid key {key!r} is not in its grid"
                     )
 
-    def check_declared(self, key: str, values: Sequence[Any]) -> None:
-        """Values of a grid key other than batch size and dtype must be among those the grid declares."""
+    def declared(self, key: str, values: Sequence[Any]) -> list[Any]:
+        """Values of a grid key other than batch size and dtype, each as its grid declares it: they
+        must be among its declared values, and a value equal to one (``128.0`` for ``128``) is taken
+        as the declared one, which the workload builds with and the run's labels and history name."""
         declared = self.grid[key]
+        out = []
         for value in values:
-            if value not in declared or isinstance(value, bool) != any(isinstance(v, bool) for v in declared):
+            same = [d for d in declared if d == value and isinstance(d, bool) == isinstance(value, bool)]
+            if not same:
                 raise WorkloadError(f"{self.name}: {key}={value!r} is not one of its values ({', '.join(map(str, declared))})")
+            out.append(same[0])
+        return out
 
     def configs(self, narrow: dict[str, Sequence[Any]] | None = None, full: bool = False):
         """The configs of this workload's default grid (or full grid), narrowed by ``narrow``.
@@ -122,7 +128,7 @@ class Workload:
             elif key == "batch_size":
                 values = [check_batch_size(v) for v in values]
             else:
-                self.check_declared(key, values)
+                values = self.declared(key, values)
             grid[key] = list(values)
         keys = sorted(grid)
         for combo in itertools.product(*(grid[k] for k in keys)):

@@ -43,6 +43,19 @@ def test_a_workload_or_value_named_twice_is_measured_once():
     assert len({(c.workload, c.key) for c in twice}) == len(twice) > 2
 
 
+def test_a_value_equal_to_a_declared_one_is_taken_as_declared_and_one_of_another_kind_is_refused():
+    """A form may send 128.0 for the width 128: the workload is built with the declared 128 (a float
+    would fail to build a tensor), and the run's labels and history name it as a CLI run does."""
+    registry = load_registry()
+    (config,) = RunParameters(workloads=["seed_mlp"], sizes={"width": [128.0]}).configs(registry)
+    assert config.params["width"] == 128 and type(config.params["width"]) is int
+    assert config.key == expand(registry, ["seed_mlp"], {"width": [128]})[0].key
+    with pytest.raises(WorkloadError, match="width=128.5 is not one of its values"):
+        expand(registry, ["seed_mlp"], {"width": [128.5]})
+    with pytest.raises(WorkloadError, match="width='128' is not one of its values"):
+        expand(registry, ["seed_mlp"], {"width": ["128"]})
+
+
 @pytest.mark.parametrize(
     "narrow, message",
     [
