@@ -77,6 +77,10 @@ def test_a_run_marked_crashed_keeps_its_finished_results(db_url):
         ("not a url", "malformed database URL"),
         ("sqlite:////no/such/dir/x.db", "directory /no/such/dir does not exist"),
         ("nosuchdialect://x/y", "cannot use database URL"),
+        # Each of the run's connections would open an empty database of its own: its results lost.
+        ("sqlite://", "names an in-memory SQLite database"),
+        ("sqlite:///:memory:", "names an in-memory SQLite database"),
+        ("sqlite:///file:x?mode=memory&uri=true", "names an in-memory SQLite database"),
     ],
 )
 def test_bad_database_urls_fail_with_one_clear_line(url, message):
