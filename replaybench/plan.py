@@ -135,9 +135,11 @@ def read_traffic_file(path: str | Path, largest: int) -> Traffic:
     """Observed batch sizes, one or more per line, separated by spaces or commas (``#`` starts a comment)."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_TRAFFIC_FILE_BYTES:
+        with path.open("rb") as f:
+            data = f.read(MAX_TRAFFIC_FILE_BYTES + 1)  # bounded by reading, not by stat: a pipe or a device has no size
+        if len(data) > MAX_TRAFFIC_FILE_BYTES:
             raise PlanError(f"traffic file {path}: larger than {MAX_TRAFFIC_FILE_BYTES // MiB} MiB")
-        text = path.read_text()
+        text = data.decode()
     except OSError as exc:
         raise PlanError(f"traffic file {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

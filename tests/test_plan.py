@@ -4,6 +4,7 @@ an H200 (benchmarks/data/h200-plan.json). The measuring itself needs CUDA: tests
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
@@ -136,6 +137,33 @@ def test_traffic_presets_weights_and_files(tmp_path):
             read_traffic_file(observed, 8)
     with pytest.raises(PlanError, match="No such file"):
         read_traffic_file(tmp_path / "missing.txt", 8)
+
+
+def test_a_traffic_file_is_bounded_as_it_is_read_even_a_pipe_or_a_device_that_has_no_size(tmp_path, monkeypatch):
+    import os
+    import threading
+
+    import replaybench.plan
+
+    monkeypatch.setattr(replaybench.plan, "MAX_TRAFFIC_FILE_BYTES", 1024)
+    pipe = tmp_path / "traffic.fifo"
+    os.mkfifo(pipe)
+
+    def feed(text):
+        with contextlib.suppress(BrokenPipeError), open(pipe, "w") as f:  # a reader may stop at the bound and leave
+            f.write(text)
+
+    for text, fits in (("1 2\n" * 256, True), ("1 2\n" * 257, False)):  # 1024 bytes, then 1028
+        writer = threading.Thread(target=feed, args=(text,), daemon=True)
+        writer.start()
+        if fits:
+            assert read_traffic_file(pipe, 8).probabilities == pytest.approx({1: 0.5, 2: 0.5})
+        else:
+            with pytest.raises(PlanError, match="larger than"):
+                read_traffic_file(pipe, 8)
+        writer.join(10)
+    with pytest.raises(PlanError, match="traffic file /dev/zero: larger than"):
+        read_traffic_file("/dev/zero", 8)  # endless: refused after the bound, not read forever
 
 
 def cli(*args, cwd):
