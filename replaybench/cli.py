@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import sys
 from collections import Counter
@@ -31,7 +32,7 @@ from rich.table import Table
 
 from .report import REPORTS_VARIABLE, TEMPLATES_VARIABLE, ReportError, check_output, check_writable, reports_dir, write_report
 from .results import MODE_LABELS, MODES
-from .storage import URL_VARIABLE, Store, StoreError
+from .storage import URL_VARIABLE, Store, StoreError, without_password
 from .plan import PlanError
 from .variants import DEFAULT_FILE, VARIANTS_VARIABLE, VariantError
 from .workload import DTYPES, WorkloadError, load_registry
@@ -87,6 +88,33 @@ def _given(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a value, got an empty one")
     return text
+
+
+def _matching(pattern: str, what: str):
+    """An argparse type for a name or index the Prefect server or CUDA takes: refused here in one
+    line, not by the server in a traceback (or quietly: an empty --device hides every GPU)."""
+    def check(text: str) -> str:
+        if not re.fullmatch(pattern, text):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return text
+    return check
+
+
+_gpu_index = _matching(r"[0-9]{1,3}", "a GPU index such as 0")
+_pool_name = _matching(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", "a work pool name of letters, digits, '-', '_' and '.'")
+_block_name = _matching(r"[a-z0-9][a-z0-9-]{0,99}", "a name of lowercase letters, digits and '-' (Prefect's rule for blocks)")
+_devices = _matching(r"[A-Za-z0-9][A-Za-z0-9,:_-]{0,255}", "CUDA_VISIBLE_DEVICES such as 0, 0,1 or a GPU's UUID")
+
+
+def _gpu_indices(text: str) -> list[str]:
+    """``0,1`` -> ["0", "1"]; empty: none (the pool only)."""
+    return [_gpu_index(g.strip()) for g in text.split(",") if g.strip()]
+
+
+def _this_gpu() -> str:
+    """serve's GPU: the one CUDA_VISIBLE_DEVICES names by index, else 0 (as the measuring processes pick their cores)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return visible if re.fullmatch(r"[0-9]{1,3}", visible) else "0"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
 
     alerts = sub.add_parser("alerts", help="send each regression a run's verdicts find to a webhook (a Prefect automation)")
     alerts.add_argument("--webhook", required=True, metavar="URL", help="an incoming webhook taking {\"text\": ...} (Slack, Mattermost)")
-    alerts.add_argument("--name", default="replaybench-regressions", help="of the automation and its notification block")
+    alerts.add_argument("--name", default="replaybench-regressions", type=_block_name, help="of the automation and its notification block")
     alerts.add_argument("--allow-private-url", action="store_true", help="allow a webhook on a private network or this host")
 
     sub.add_parser("workloads", help="list the registered workloads")
@@ -188,22 +216,23 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the deployments (nightly, adhoc, shard, ack, ab, plan) from this process")
     serve.add_argument("--cron", default=None, help="nightly schedule (env REPLAYBENCH_NIGHTLY_CRON; default '0 2 * * *')")
     serve.add_argument("--timezone", default=None, help="timezone of the schedule (env REPLAYBENCH_TIMEZONE; default UTC)")
-    serve.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "0"), help="GPU index of this box")
+    serve.add_argument("--gpu", default=_this_gpu(), type=_gpu_index,
+                       help="GPU index of this box (default: CUDA_VISIBLE_DEVICES where it names one GPU by index, else 0)")
     serve.add_argument("--now", action="store_true",
                        help="on SIGINT or SIGTERM, stop the flow runs in progress at once, not after their current config")
     serve.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)  # the supervised runner itself
     common(serve)
 
     setup = sub.add_parser("setup", help="create the work pool and one concurrency limit per GPU (idempotent)")
-    setup.add_argument("--pool", default="gpu", help="work pool name (default gpu)")
-    setup.add_argument("--gpus", default="0", help="comma-separated GPU indices of this host (empty: the pool only)")
+    setup.add_argument("--pool", default="gpu", type=_pool_name, help="work pool name (default gpu)")
+    setup.add_argument("--gpus", default="0", type=_gpu_indices, help="comma-separated GPU indices of this host (empty: the pool only)")
 
     worker = sub.add_parser("worker", help="start a Prefect process worker pinned to one GPU")
-    worker.add_argument("--pool", default="gpu", help="work pool to poll (default gpu)")
-    worker.add_argument("--gpu", required=True,
+    worker.add_argument("--pool", default="gpu", type=_pool_name, help="work pool to poll (default gpu)")
+    worker.add_argument("--gpu", required=True, type=_gpu_index,
                         help="GPU index on this host: names its concurrency limit and queue (with $REPLAYBENCH_HOST, "
                              "else the hostname) and picks the measuring processes' cores")
-    worker.add_argument("--device", default=None,
+    worker.add_argument("--device", default=None, type=_devices,
                         help="CUDA_VISIBLE_DEVICES of its flow runs (default: --gpu); 0 in a container that sees only its GPU")
     worker.add_argument("--now", action="store_true",
                         help="on SIGINT or SIGTERM, stop the flow runs in progress at once, not after their current config")
@@ -685,9 +714,26 @@ def cmd_ack(args) -> int:
 def cmd_alerts(args) -> int:
     from urllib.parse import urlparse
 
-    url = urlparse(args.webhook)
-    if url.scheme not in ("http", "https") or not url.netloc:
-        raise UsageError(f"not an http(s) URL: {args.webhook!r}")
+    from prefect.utilities.urls import validate_restricted_url
+
+    try:
+        url = urlparse(args.webhook)
+        url.port  # noqa: B018 - parsed on access: a port that is no number raises here
+    except ValueError:
+        url = None
+    if url is None or url.scheme not in ("http", "https") or not url.hostname:
+        raise UsageError(f"argument --webhook: not an http(s) URL: {args.webhook!r}")
+    if not args.allow_private_url:
+        # Prefect checks the address only when it posts, on the server: a webhook it refuses would be
+        # accepted here and every alert would then fail, unseen.
+        try:
+            validate_restricted_url(args.webhook)
+        except ValueError as exc:
+            if "could not be resolved" not in str(exc):
+                raise UsageError(f"argument --webhook: {exc} Prefect posts to it only with --allow-private-url") from None
+            # The server may resolve what this host does not; it checks the address again when it posts.
+            console.print(f"[yellow]warning[/yellow]: {url.hostname} does not resolve from this host: "
+                          "the Prefect server must resolve it to a public address to post to it")
     if not os.environ.get("PREFECT_API_URL"):
         raise UsageError("PREFECT_API_URL is not set: alerts live on a Prefect server (see the README's One box)")
     from flows.alerts import create_alert
@@ -743,11 +789,26 @@ def _ready_to_run_flows(args) -> None:
     _settings_to_environment(args)
 
 
+def _check_schedule(cron: str, timezone: str) -> None:
+    """The nightly schedule, checked before anything starts (the server would refuse it with a traceback)."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    try:
+        CronSchedule(cron=cron, timezone=timezone)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        option = {"cron": "--cron (or $REPLAYBENCH_NIGHTLY_CRON)", "timezone": "--timezone (or $REPLAYBENCH_TIMEZONE)"}
+        raise UsageError(f"argument {option.get(err['loc'][0], err['loc'][0])}: "
+                         f"{err['msg'].removeprefix('Value error, ')}") from None
+
+
 def cmd_serve(args) -> int:
     from flows.deployments import NIGHTLY_CRON, TIMEZONE
     from flows.orchestration import serve
     from flows.supervise import supervise
 
+    _check_schedule(args.cron or NIGHTLY_CRON, args.timezone or TIMEZONE)
     _ready_to_run_flows(args)
     if not args.supervised:  # the runner in a process of its own, stopped cleanly (flows/supervise.py)
         child = ["serve", "--gpu", args.gpu, "--supervised", *(["--cron", args.cron] if args.cron else []),
@@ -760,7 +821,7 @@ def cmd_serve(args) -> int:
 def cmd_setup(args) -> int:
     from flows.orchestration import setup
 
-    for name in setup(args.pool, [g.strip() for g in args.gpus.split(",") if g.strip()]):
+    for name in setup(args.pool, args.gpus):
         print(f"concurrency limit {name}: 1")
     print(f"work pool {args.pool}: process")
     return 0
@@ -796,6 +857,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # before anything was started
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        import httpx
+
+        if not isinstance(exc, httpx.TransportError):
+            raise
+        where = without_password(os.environ.get("PREFECT_API_URL") or "(a temporary one)")
+        print(f"replaybench: error: cannot reach the Prefect server {where}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

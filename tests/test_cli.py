@@ -67,6 +67,41 @@ def test_bad_input_one_line_nonzero_exit_nothing_written(tmp_path, args, message
     assert not (tmp_path / "reports").exists()
 
 
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["serve", "--cron", "garbage"], {}, 'argument --cron (or $REPLAYBENCH_NIGHTLY_CRON): Invalid cron string: "garbage"'),
+        (["serve"], {"REPLAYBENCH_NIGHTLY_CRON": "0 2 * *"}, "argument --cron (or $REPLAYBENCH_NIGHTLY_CRON): Invalid cron string"),
+        (["serve", "--timezone", "Mars/Base"], {}, 'argument --timezone (or $REPLAYBENCH_TIMEZONE): Invalid timezone: "Mars/Base"'),
+        (["serve", "--gpu", "0,1"], {}, "argument --gpu: expected a GPU index such as 0, got '0,1'"),
+        (["setup", "--pool", ""], {}, "argument --pool: expected a work pool name of letters, digits, '-', '_' and '.', got ''"),
+        (["setup", "--pool", "a/b"], {}, "argument --pool: expected a work pool name"),
+        (["setup", "--gpus", "0,x y"], {}, "argument --gpus: expected a GPU index such as 0, got 'x y'"),
+        (["worker", "--gpu", ""], {}, "argument --gpu: expected a GPU index such as 0, got ''"),
+        (["worker", "--gpu", "0", "--device", ""], {}, "argument --device: expected CUDA_VISIBLE_DEVICES"),  # would hide every GPU
+        (["alerts", "--webhook", "https://hooks.example.com/x", "--name", "a/b"], {}, "argument --name: expected a name of lowercase"),
+        (["alerts", "--webhook", "http://[::1"], {}, "argument --webhook: not an http(s) URL: 'http://[::1'"),
+        (["alerts", "--webhook", "http://hooks.example.com:port/x"], {}, "argument --webhook: not an http(s) URL"),
+        # Prefect would accept these and then refuse to post each alert, on the server, unseen.
+        (["alerts", "--webhook", "http://127.0.0.1:4999/hook"], {},
+         "resolves to the private address 127.0.0.1. Prefect posts to it only with --allow-private-url"),
+        (["alerts", "--webhook", "http://10.1.2.3/hook"], {}, "resolves to the private address 10.1.2.3"),
+    ],
+)
+def test_operator_options_are_refused_in_one_line_before_the_server_is_called(tmp_path, args, env, message):
+    """serve, setup, worker and alerts check what they would hand the Prefect server. The server named
+    here does not answer: a check that let a value through would end in another error."""
+    out = replaybench(*args, cwd=tmp_path, env={"PREFECT_API_URL": "http://127.0.0.1:9/api", **env})
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == []  # no store, no report directory
+
+
+def test_a_prefect_server_that_does_not_answer_is_one_line(tmp_path):
+    out = replaybench("setup", cwd=tmp_path, env={"PREFECT_API_URL": "http://user:secret@127.0.0.1:9/api"})
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("replaybench: error: cannot reach the Prefect server http://user:***@127.0.0.1:9/api: ")
+
+
 @pytest.mark.slow
 def test_an_unwritable_report_directory_is_one_line_and_starts_nothing_on_the_server(tmp_path):
     """Each command that writes reports refuses a report directory it cannot write in, before it
