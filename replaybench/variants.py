@@ -50,6 +50,14 @@ class Variant(BaseModel):
     python: Path | None = None
     env: dict[str, str] = Field(default_factory=dict, max_length=64)
 
+    @field_validator("workloads", "python", mode="before")
+    @classmethod
+    def _given(cls, value):
+        # An empty path is the current directory: `ab` would import every module where it was started.
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("expected a path, got an empty one")
+        return value
+
     @field_validator("workloads")
     @classmethod
     def _directory(cls, path: Path | None) -> Path | None:

@@ -160,6 +160,9 @@ def test_verdict_words_and_their_directions():
     ("[variants.a]\nworkloads = '/no/such/dir'\n", "does not exist"),
     ("[variants.a]\nworkloads = '{tmp}/not-a-program.txt'\n", "not-a-program.txt' is not a directory"),
     ("[variants.a]\npython = '{tmp}/not-a-program.txt'\n", "not an executable"),
+    # An empty path is the current directory: every module where `ab` was started would be imported.
+    ("[variants.a]\nworkloads = ''\n", "variant 'a', workloads: expected a path, got an empty one"),
+    ("[variants.a]\npython = ' '\n", "variant 'a', python: expected a path, got an empty one"),
     ("[variants.a]\nenv = { PYTHONPATH = '/tmp' }\n", "cannot be set by a variant"),
     ("[variants.a]\nenv = { 'A B' = '1' }\n", "not a plain name"),
     ("[variants.a]\ncommand = 'rm -rf /'\n", "Extra inputs are not permitted"),
