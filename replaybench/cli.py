@@ -101,20 +101,16 @@ def _matching(pattern: str, what: str):
 
 
 _gpu_index = _matching(r"[0-9]{1,3}", "a GPU index such as 0")
-_pool_name = _matching(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", "a work pool name of letters, digits, '-', '_' and '.'")
+# Prefect's own rule for names (none of / % & > <), less blanks: a pool made in the UI keeps working.
+_pool_name = _matching(r"(?=.*[^\s'\"])[^/%&><]{1,100}", "a work pool name without '/', '%', '&', '<' or '>'")
+_gpu_label = _matching(r"[^/%&><\s]{1,100}", "a GPU index or label without spaces, '/', '%', '&', '<' or '>' (it names a limit)")
 _block_name = _matching(r"[a-z0-9][a-z0-9-]{0,99}", "a name of lowercase letters, digits and '-' (Prefect's rule for blocks)")
-_devices = _matching(r"[A-Za-z0-9][A-Za-z0-9,:_-]{0,255}", "CUDA_VISIBLE_DEVICES such as 0, 0,1 or a GPU's UUID")
+_devices = _matching(r"\S{1,256}", "CUDA_VISIBLE_DEVICES such as 0, 0,1 or a GPU's UUID")  # empty would hide every GPU
 
 
 def _gpu_indices(text: str) -> list[str]:
     """``0,1`` -> ["0", "1"]; empty: none (the pool only)."""
     return [_gpu_index(g.strip()) for g in text.split(",") if g.strip()]
-
-
-def _this_gpu() -> str:
-    """serve's GPU: the one CUDA_VISIBLE_DEVICES names by index, else 0 (as the measuring processes pick their cores)."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    return visible if re.fullmatch(r"[0-9]{1,3}", visible) else "0"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -216,8 +212,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the deployments (nightly, adhoc, shard, ack, ab, plan) from this process")
     serve.add_argument("--cron", default=None, help="nightly schedule (env REPLAYBENCH_NIGHTLY_CRON; default '0 2 * * *')")
     serve.add_argument("--timezone", default=None, help="timezone of the schedule (env REPLAYBENCH_TIMEZONE; default UTC)")
-    serve.add_argument("--gpu", default=_this_gpu(), type=_gpu_index,
-                       help="GPU index of this box (default: CUDA_VISIBLE_DEVICES where it names one GPU by index, else 0)")
+    serve.add_argument("--gpu", default=os.environ.get("CUDA_VISIBLE_DEVICES", "").strip() or "0", type=_gpu_label,
+                       help="GPU index of this box, which names its concurrency limit (default: $CUDA_VISIBLE_DEVICES, else 0)")
     serve.add_argument("--now", action="store_true",
                        help="on SIGINT or SIGTERM, stop the flow runs in progress at once, not after their current config")
     serve.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)  # the supervised runner itself
@@ -862,8 +858,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if not isinstance(exc, httpx.TransportError):
             raise
-        where = without_password(os.environ.get("PREFECT_API_URL") or "(a temporary one)")
-        print(f"replaybench: error: cannot reach the Prefect server {where}: {exc}", file=sys.stderr)
+        from prefect.settings import PREFECT_API_URL
+
+        where = PREFECT_API_URL.value() or "(a temporary one)"  # the environment's, else the Prefect profile's
+        print(f"replaybench: error: cannot reach the Prefect server {without_password(where)}: {without_password(str(exc))}",
+              file=sys.stderr)
         return 1
 
 

@@ -342,6 +342,7 @@ class Store:
         except (ArgumentError, ValueError):
             raise StoreError(f"malformed database URL {shown!r}") from None
         if parsed.get_backend_name() == "sqlite" and (parsed.database in (None, "", ":memory:")
+                                                       or parsed.database.startswith("file::memory:")
                                                        or parsed.query.get("mode") == "memory"):
             # The flow, its measuring tasks and the CLI each open the store anew: each would see an empty one.
             raise StoreError(f"database URL {shown!r} names an in-memory SQLite database, which keeps nothing "

@@ -73,8 +73,10 @@ def test_bad_input_one_line_nonzero_exit_nothing_written(tmp_path, args, message
         (["serve", "--cron", "garbage"], {}, 'argument --cron (or $REPLAYBENCH_NIGHTLY_CRON): Invalid cron string: "garbage"'),
         (["serve"], {"REPLAYBENCH_NIGHTLY_CRON": "0 2 * *"}, "argument --cron (or $REPLAYBENCH_NIGHTLY_CRON): Invalid cron string"),
         (["serve", "--timezone", "Mars/Base"], {}, 'argument --timezone (or $REPLAYBENCH_TIMEZONE): Invalid timezone: "Mars/Base"'),
-        (["serve", "--gpu", "0,1"], {}, "argument --gpu: expected a GPU index such as 0, got '0,1'"),
-        (["setup", "--pool", ""], {}, "argument --pool: expected a work pool name of letters, digits, '-', '_' and '.', got ''"),
+        (["serve", "--gpu", "0/1"], {}, "argument --gpu: expected a GPU index or label without spaces, '/',"),
+        (["serve"], {"CUDA_VISIBLE_DEVICES": "0 1"}, "argument --gpu: expected a GPU index or label"),  # the default, from there
+        (["setup", "--pool", ""], {}, "argument --pool: expected a work pool name without '/', '%', '&', '<' or '>', got ''"),
+        (["setup", "--pool", " "], {}, "argument --pool: expected a work pool name"),
         (["setup", "--pool", "a/b"], {}, "argument --pool: expected a work pool name"),
         (["setup", "--gpus", "0,x y"], {}, "argument --gpus: expected a GPU index such as 0, got 'x y'"),
         (["worker", "--gpu", ""], {}, "argument --gpu: expected a GPU index such as 0, got ''"),
@@ -97,7 +99,7 @@ def test_operator_options_are_refused_in_one_line_before_the_server_is_called(tm
 
 
 def test_a_prefect_server_that_does_not_answer_is_one_line(tmp_path):
-    out = replaybench("setup", cwd=tmp_path, env={"PREFECT_API_URL": "http://user:secret@127.0.0.1:9/api"})
+    out = replaybench("setup", "--pool", "My GPUs", cwd=tmp_path, env={"PREFECT_API_URL": "http://user:secret@127.0.0.1:9/api"})
     assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
     assert out.stderr.startswith("replaybench: error: cannot reach the Prefect server http://user:***@127.0.0.1:9/api: ")
 

@@ -81,6 +81,7 @@ def test_a_run_marked_crashed_keeps_its_finished_results(db_url):
         ("sqlite://", "names an in-memory SQLite database"),
         ("sqlite:///:memory:", "names an in-memory SQLite database"),
         ("sqlite:///file:x?mode=memory&uri=true", "names an in-memory SQLite database"),
+        ("sqlite:///file::memory:?cache=shared&uri=true", "names an in-memory SQLite database"),
     ],
 )
 def test_bad_database_urls_fail_with_one_clear_line(url, message):
