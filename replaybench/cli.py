@@ -244,6 +244,11 @@ OPTIONS = {"workloads": "-w/--workload", "batch_sizes": "-b/--batch-size", "dtyp
            "traffic": "--traffic", "calls": "--calls", "passes": "--passes", "memory_budget_mib": "--memory-budget"}
 
 
+def _reason(err: dict) -> str:
+    """A pydantic error's message without the prefix pydantic puts before a validator's own words."""
+    return err["msg"].removeprefix("Value error, ")
+
+
 def _invalid(exc: ValidationError) -> UsageError:
     """A parameter model's refusal as argparse words it: the option, what is wrong, what was given."""
     err = exc.errors()[0]
@@ -251,7 +256,7 @@ def _invalid(exc: ValidationError) -> UsageError:
     option = OPTIONS.get(loc[0], loc[0]) if loc else None
     if loc[:1] == ["sizes"] and len(loc) > 1:
         option = f"--set {loc[1]}"
-    message = f"{err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})"
+    message = f"{_reason(err)} (got {err.get('input')!r})"
     return UsageError(f"argument {option}: {message}" if option else message)
 
 
@@ -795,8 +800,7 @@ def _check_schedule(cron: str, timezone: str) -> None:
     except ValidationError as exc:
         err = exc.errors()[0]
         option = {"cron": "--cron (or $REPLAYBENCH_NIGHTLY_CRON)", "timezone": "--timezone (or $REPLAYBENCH_TIMEZONE)"}
-        raise UsageError(f"argument {option.get(err['loc'][0], err['loc'][0])}: "
-                         f"{err['msg'].removeprefix('Value error, ')}") from None
+        raise UsageError(f"argument {option.get(err['loc'][0], err['loc'][0])}: {_reason(err)}") from None
 
 
 def cmd_serve(args) -> int:

@@ -341,13 +341,12 @@ class Store:
             parsed = make_url(self.url)
         except (ArgumentError, ValueError):
             raise StoreError(f"malformed database URL {shown!r}") from None
-        if parsed.get_backend_name() == "sqlite" and (parsed.database in (None, "", ":memory:")
-                                                       or parsed.database.startswith("file::memory:")
-                                                       or parsed.query.get("mode") == "memory"):
-            # The flow, its measuring tasks and the CLI each open the store anew: each would see an empty one.
-            raise StoreError(f"database URL {shown!r} names an in-memory SQLite database, which keeps nothing "
-                             "between the connections a run opens; name a file, e.g. sqlite:///replaybench.db")
         if parsed.get_backend_name() == "sqlite":
+            if (parsed.database in (None, "", ":memory:") or parsed.database.startswith("file::memory:")
+                    or parsed.query.get("mode") == "memory"):
+                # The flow, its measuring tasks and the CLI each open the store anew: each would see an empty one.
+                raise StoreError(f"database URL {shown!r} names an in-memory SQLite database, which keeps nothing "
+                                 "between the connections a run opens; name a file, e.g. sqlite:///replaybench.db")
             parent = Path(parsed.database).expanduser().resolve().parent
             if not parent.is_dir():
                 raise StoreError(f"cannot open database {shown!r}: directory {parent} does not exist")
